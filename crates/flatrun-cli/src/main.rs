@@ -1,0 +1,3 @@
+fn main() {
+    println!("flatrun {}", env!("CARGO_PKG_VERSION"));
+}

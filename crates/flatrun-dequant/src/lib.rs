@@ -1,0 +1,1 @@
+//! flatrun-dequant (skeleton).

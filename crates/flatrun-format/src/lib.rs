@@ -1,0 +1,225 @@
+//! Storage layer of Flatrun: every checkpoint format behind one trait.
+//!
+//! The runtime asks for tensors only through a [`StorageBackend`]. A backend
+//! lists [`TensorInfo`]s under *canonical names* (see [`names`]) and hands out
+//! cheap [`TensorHandle`]s whose bytes are borrowed from a memory mapping and
+//! touched only when viewed.
+//!
+//! (API skeleton: the backends are filled in by the storage issue.)
+
+pub mod ggml_type;
+pub use ggml_type::{GgmlType, TypeTraits};
+
+use std::path::{Path, PathBuf};
+
+/// Errors of the storage layer. Each carries the file and, where it applies,
+/// the tensor or key and the byte offset.
+#[derive(Debug, thiserror::Error)]
+pub enum FormatError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: unrecognized checkpoint format: {reason}")]
+    UnknownFormat { path: PathBuf, reason: String },
+    #[error("{path}: truncated at byte {offset}: {what}")]
+    Truncated {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+    #[error("{path}: invalid data at byte {offset}: {what}")]
+    Invalid {
+        path: PathBuf,
+        offset: u64,
+        what: String,
+    },
+    #[error("{path}: tensor `{tensor}` has unknown GGML type id {id}")]
+    UnknownGgmlType {
+        path: PathBuf,
+        tensor: String,
+        id: u32,
+    },
+    #[error("{path}: tensor `{tensor}`: {what}")]
+    BadTensor {
+        path: PathBuf,
+        tensor: String,
+        what: String,
+    },
+    #[error("no tensor named `{0}`")]
+    NoSuchTensor(String),
+    #[error("metadata key `{key}`: {what}")]
+    Metadata { key: String, what: String },
+}
+
+pub type Result<T, E = FormatError> = std::result::Result<T, E>;
+
+/// Storage dtype of a tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// A GGML type: F32, F16, BF16, the integer types and every block quant.
+    Ggml(GgmlType),
+    U8,
+    U16,
+    U32,
+    U64,
+    Bool,
+    F8E4M3,
+    F8E5M2,
+}
+
+/// How the bytes of a tensor encode its logical values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QuantDescriptor {
+    /// Plain values of the storage dtype.
+    None,
+    /// GGML block quantization, blocks along the contiguous (last) axis.
+    Ggml(GgmlType),
+    /// MLX affine quantization `w = scale * q + bias`: `bits`-bit values packed
+    /// little-endian into u32 words along the last axis, one scale and bias per
+    /// `group_size` values. The handle's `part("scales")` / `part("biases")`
+    /// hold them in `scale_dtype`.
+    MlxAffine {
+        bits: u8,
+        group_size: u32,
+        scale_dtype: DType,
+    },
+}
+
+/// What a backend knows about one tensor, without touching its bytes.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    /// Canonical name (`layers.3.attn.q`, `embed`, …), or the original name
+    /// when no rule knows it.
+    pub name: String,
+    /// The name in the file.
+    pub original_name: String,
+    /// Logical row-major shape (slowest axis first; for MLX the unpacked shape).
+    pub shape: Vec<usize>,
+    /// Storage dtype (for MLX quantized weights: `U32`).
+    pub dtype: DType,
+    /// How values are encoded.
+    pub quant: QuantDescriptor,
+    /// Byte size of the main data.
+    pub byte_size: u64,
+    /// Absolute byte offset of the data in its file.
+    pub offset: u64,
+    /// Which file (index into [`StorageBackend::files`]).
+    pub file_index: usize,
+}
+
+impl TensorInfo {
+    /// Number of logical elements.
+    pub fn n_elements(&self) -> u64 {
+        self.shape.iter().map(|&d| d as u64).product()
+    }
+}
+
+/// One metadata value (GGUF value types; `config.json` values map onto them).
+#[derive(Clone, Debug, PartialEq)]
+pub enum MetaValue {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<MetaValue>),
+}
+
+/// Ordered key → value metadata of a checkpoint.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Metadata {
+    pub entries: Vec<(String, MetaValue)>,
+}
+
+/// A storage backend: one opened checkpoint.
+pub trait StorageBackend: Send + Sync {
+    /// Short format name: `"gguf"`, `"safetensors"`, `"mlx"`.
+    fn name(&self) -> &'static str;
+    /// Whether tensor bytes are memory-mapped (zero-copy views).
+    fn supports_mmap(&self) -> bool;
+    /// Files backing this checkpoint.
+    fn files(&self) -> &[PathBuf];
+    /// The checkpoint's directory for side files (`config.json`,
+    /// `tokenizer.json`, …), if it has one.
+    fn directory(&self) -> Option<&Path>;
+    /// GGUF key/values, or the safetensors `__metadata__` strings.
+    fn metadata(&self) -> &Metadata;
+    /// Every tensor, in file order.
+    fn tensors(&self) -> &[TensorInfo];
+    /// Open a handle by canonical (or original) name.
+    fn tensor(&self, name: &str) -> Result<TensorHandle<'_>>;
+}
+
+/// A cheap view of one tensor: metadata plus bytes borrowed from the mapping.
+/// Nothing is read from disk until [`TensorHandle::bytes`] is touched.
+#[derive(Clone, Debug)]
+pub struct TensorHandle<'a> {
+    info: &'a TensorInfo,
+    data: &'a [u8],
+    /// Companion arrays (MLX `scales`, `biases`).
+    parts: Vec<(&'static str, &'a [u8])>,
+}
+
+impl<'a> TensorHandle<'a> {
+    /// Build a handle (for backends).
+    pub fn new(info: &'a TensorInfo, data: &'a [u8], parts: Vec<(&'static str, &'a [u8])>) -> Self {
+        TensorHandle { info, data, parts }
+    }
+    pub fn info(&self) -> &'a TensorInfo {
+        self.info
+    }
+    pub fn name(&self) -> &'a str {
+        &self.info.name
+    }
+    pub fn shape(&self) -> &'a [usize] {
+        &self.info.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.info.dtype
+    }
+    pub fn quant(&self) -> QuantDescriptor {
+        self.info.quant
+    }
+    pub fn byte_size(&self) -> u64 {
+        self.info.byte_size
+    }
+    /// Zero-copy view of the main data.
+    pub fn bytes(&self) -> &'a [u8] {
+        self.data
+    }
+    /// A companion array by name (`"scales"`, `"biases"`).
+    pub fn part(&self, name: &str) -> Option<&'a [u8]> {
+        self.parts.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
+    }
+    /// An owned copy of the main data.
+    pub fn to_vec(&self) -> Vec<u8> {
+        self.data.to_vec()
+    }
+    /// Hint that these bytes will be needed soon (`MADV_WILLNEED`).
+    pub fn prefetch(&self) {
+        mem::advise_willneed(self.data);
+        for (_, p) in &self.parts {
+            mem::advise_willneed(p);
+        }
+    }
+    /// Close the handle; a handle of at least [`mem::RELEASE_THRESHOLD`] bytes
+    /// returns its pages to the OS (`MADV_DONTNEED`).
+    pub fn close(self) {
+        mem::release(self.data);
+        for (_, p) in &self.parts {
+            mem::release(p);
+        }
+    }
+}
+
+pub mod mem;

