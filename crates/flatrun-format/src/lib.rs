@@ -10,6 +10,26 @@
 pub mod ggml_type;
 pub use ggml_type::{GgmlType, TypeTraits};
 
+mod backend_support;
+mod byte_reader;
+pub mod gguf;
+pub mod mapped_file;
+pub mod metadata;
+pub mod names;
+pub mod mlx_backend;
+pub mod multi_backend;
+pub mod registry;
+pub mod safetensors_backend;
+pub mod shard_index;
+pub mod tensor_index;
+
+pub use gguf::GgufBackend;
+pub use mlx_backend::MlxBackend;
+pub use multi_backend::MultiBackend;
+pub use safetensors_backend::SafetensorsBackend;
+pub use names::canonical_layer_index;
+pub use registry::open;
+
 use std::path::{Path, PathBuf};
 
 /// Errors of the storage layer. Each carries the file and, where it applies,
@@ -48,6 +68,8 @@ pub enum FormatError {
         tensor: String,
         what: String,
     },
+    #[error("{index}: names shard {shard}, which does not exist")]
+    MissingShard { index: PathBuf, shard: PathBuf },
     #[error("no tensor named `{0}`")]
     NoSuchTensor(String),
     #[error("metadata key `{key}`: {what}")]
@@ -158,6 +180,31 @@ pub trait StorageBackend: Send + Sync {
     fn tensors(&self) -> &[TensorInfo];
     /// Open a handle by canonical (or original) name.
     fn tensor(&self, name: &str) -> Result<TensorHandle<'_>>;
+
+    /// The info of a tensor by canonical (or original) name.
+    fn tensor_info(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors()
+            .iter()
+            .find(|t| t.name == name)
+            .or_else(|| self.tensors().iter().find(|t| t.original_name == name))
+    }
+    /// Whether a tensor of this canonical (or original) name exists.
+    fn contains(&self, name: &str) -> bool {
+        self.tensor_info(name).is_some()
+    }
+    /// Start read-ahead (`MADV_WILLNEED`) of the named tensors; unknown names
+    /// are ignored (prefetch is only a hint).
+    fn advise_willneed(&self, names: &[&str]) {
+        for name in names {
+            if let Ok(handle) = self.tensor(name) {
+                handle.prefetch();
+            }
+        }
+    }
+    /// Total bytes of all tensors (main data plus companion parts).
+    fn total_bytes(&self) -> u64 {
+        self.tensors().iter().map(|t| t.byte_size).sum()
+    }
 }
 
 /// A cheap view of one tensor: metadata plus bytes borrowed from the mapping.
@@ -197,6 +244,10 @@ impl<'a> TensorHandle<'a> {
     pub fn bytes(&self) -> &'a [u8] {
         self.data
     }
+    /// Every companion array, by name.
+    pub fn parts(&self) -> &[(&'static str, &'a [u8])] {
+        &self.parts
+    }
     /// A companion array by name (`"scales"`, `"biases"`).
     pub fn part(&self, name: &str) -> Option<&'a [u8]> {
         self.parts.iter().find(|(n, _)| *n == name).map(|(_, b)| *b)
@@ -223,3 +274,18 @@ impl<'a> TensorHandle<'a> {
 }
 
 pub mod mem;
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DType::Ggml(t) => write!(f, "{t}"),
+            DType::U8 => f.write_str("U8"),
+            DType::U16 => f.write_str("U16"),
+            DType::U32 => f.write_str("U32"),
+            DType::U64 => f.write_str("U64"),
+            DType::Bool => f.write_str("BOOL"),
+            DType::F8E4M3 => f.write_str("F8_E4M3"),
+            DType::F8E5M2 => f.write_str("F8_E5M2"),
+        }
+    }
+}

@@ -1,1 +1,46 @@
-//! flatrun-runtime (skeleton).
+//! Flatrun's streaming runtime: load a GGUF, SafeTensors or MLX checkpoint
+//! and run it layer by layer straight from storage.
+//!
+//! Only the executing decoder layer (plus the KV cache) needs to be resident
+//! ([`Residency::Stream`]); [`Residency::Cap`] keeps as many layers as fit in
+//! a budget and [`Residency::Resident`] keeps everything. A background thread
+//! reads the next layers ahead ([`Prefetch`]), and the [`Profiler`] reports
+//! per-layer and per-op timings, the I/O wait, and memory.
+//!
+//! ```no_run
+//! use flatrun_runtime::{GenerateOptions, LoadOptions, Model, Residency};
+//!
+//! # fn main() -> Result<(), flatrun_runtime::RuntimeError> {
+//! let mut model = Model::load(
+//!     "SmolLM2-135M-Instruct.Q4_1.gguf",
+//!     LoadOptions { residency: Residency::Stream, ..LoadOptions::default() },
+//! )?;
+//! for event in model.generate("The capital of France is", GenerateOptions::greedy(16))? {
+//!     print!("{}", event?.text);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+
+pub mod error;
+pub mod executor;
+pub mod generate;
+pub mod kv_cache;
+pub mod memory;
+pub mod model;
+pub mod npy;
+pub mod options;
+pub mod prefetch;
+pub mod profiler;
+pub mod residency;
+
+pub use error::{Result, RuntimeError};
+pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
+pub use generate::{FinishReason, GenerateOptions, Generation, TokenEvent};
+pub use model::{Model, Session};
+pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency};
+pub use profiler::Profiler;
+pub use residency::ResidencyPlan;
+
+pub use flatrun_model::tokenizer::Tokenizer;
+pub use flatrun_model::{Arch, ModelConfig};

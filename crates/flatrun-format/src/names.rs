@@ -1,0 +1,265 @@
+//! Canonical tensor names: one naming for every format.
+//!
+//! | canonical | GGUF | Hugging Face / MLX |
+//! |---|---|---|
+//! | `embed` | `token_embd.weight` | `model.embed_tokens.weight` |
+//! | `output` | `output.weight` | `lm_head.weight` |
+//! | `output_norm` | `output_norm.weight` | `model.norm.weight` |
+//! | `rope_freqs` | `rope_freqs.weight` | — |
+//! | `layers.{i}.attn_norm` | `blk.{i}.attn_norm.weight` | `model.layers.{i}.input_layernorm.weight` |
+//! | `layers.{i}.attn.q` / `.k` / `.v` / `.o` | `blk.{i}.attn_q` / `attn_k` / `attn_v` / `attn_output` | `self_attn.q_proj` / `k_proj` / `v_proj` / `o_proj` |
+//! | `layers.{i}.attn.q_norm` / `.k_norm` | `attn_q_norm` / `attn_k_norm` | `self_attn.q_norm` / `k_norm` |
+//! | `layers.{i}.post_attn_norm` | `post_attention_norm` | Gemma: `post_attention_layernorm` |
+//! | `layers.{i}.ffn_norm` | `ffn_norm` | Llama/Qwen: `post_attention_layernorm`; Gemma: `pre_feedforward_layernorm` |
+//! | `layers.{i}.post_ffn_norm` | `post_ffw_norm` | `post_feedforward_layernorm` |
+//! | `layers.{i}.ffn.gate` / `.up` / `.down` | `ffn_gate` / `ffn_up` / `ffn_down` | `mlp.gate_proj` / `up_proj` / `down_proj` |
+//!
+//! Weights carry no suffix; biases get `.bias` (`layers.0.attn.q.bias`).
+//! A name no rule knows is listed under its original name.
+
+/// How a Hugging Face checkpoint names its norms: the one ambiguity between
+/// families is `post_attention_layernorm`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HfFamily {
+    /// Llama, Qwen, Mistral, …: `post_attention_layernorm` is the pre-FFN norm.
+    #[default]
+    Llama,
+    /// Gemma 2/3: `post_attention_layernorm` is applied to the attention
+    /// output; `pre_feedforward_layernorm` is the pre-FFN norm.
+    Gemma,
+}
+
+impl HfFamily {
+    /// The family from a `config.json`'s `model_type` / `architectures`.
+    pub fn from_config(config: &serde_json::Value) -> HfFamily {
+        let model_type = config
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("");
+        let architectures: Vec<&str> = config
+            .get("architectures")
+            .and_then(|v| v.as_array())
+            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        let is_gemma = |s: &str| {
+            let s = s.to_ascii_lowercase();
+            s.starts_with("gemma2") || s.starts_with("gemma3") || s.starts_with("gemma4")
+        };
+        if is_gemma(model_type) || architectures.iter().any(|a| is_gemma(a)) {
+            HfFamily::Gemma
+        } else {
+            HfFamily::Llama
+        }
+    }
+}
+
+/// Canonical stem of a GGUF per-layer tensor (`attn_q` → `attn.q`).
+fn gguf_layer_stem(stem: &str) -> Option<&'static str> {
+    Some(match stem {
+        "attn_q" => "attn.q",
+        "attn_k" => "attn.k",
+        "attn_v" => "attn.v",
+        "attn_qkv" => "attn.qkv",
+        "attn_output" => "attn.o",
+        "attn_norm" => "attn_norm",
+        "attn_q_norm" => "attn.q_norm",
+        "attn_k_norm" => "attn.k_norm",
+        "post_attention_norm" => "post_attn_norm",
+        "ffn_norm" => "ffn_norm",
+        "ffn_gate" => "ffn.gate",
+        "ffn_up" => "ffn.up",
+        "ffn_down" => "ffn.down",
+        "post_ffw_norm" => "post_ffn_norm",
+        "rope_freqs" => "rope_freqs",
+        _ => return None,
+    })
+}
+
+/// Canonical name of a GGUF tensor outside the layers.
+fn gguf_global_stem(stem: &str) -> Option<&'static str> {
+    Some(match stem {
+        "token_embd" => "embed",
+        "output" => "output",
+        "output_norm" => "output_norm",
+        "rope_freqs" => "rope_freqs",
+        _ => return None,
+    })
+}
+
+/// Split `stem.weight` / `stem.bias` into the stem and the canonical suffix.
+fn split_param(name: &str) -> Option<(&str, &'static str)> {
+    if let Some(stem) = name.strip_suffix(".weight") {
+        Some((stem, ""))
+    } else {
+        name.strip_suffix(".bias").map(|stem| (stem, ".bias"))
+    }
+}
+
+/// `"{index}.{rest}"` → `(index, rest)`.
+fn split_layer(rest: &str) -> Option<(usize, &str)> {
+    let (index, rest) = rest.split_once('.')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((index.parse().ok()?, rest))
+}
+
+/// The canonical name of a GGUF tensor, or `None` when no rule knows it.
+///
+/// ```
+/// use flatrun_format::names::canonical_gguf_name;
+/// assert_eq!(canonical_gguf_name("blk.3.attn_q.weight").as_deref(), Some("layers.3.attn.q"));
+/// assert_eq!(canonical_gguf_name("blk.3.attn_q.bias").as_deref(), Some("layers.3.attn.q.bias"));
+/// assert_eq!(canonical_gguf_name("token_embd.weight").as_deref(), Some("embed"));
+/// assert_eq!(canonical_gguf_name("blk.0.mystery.weight"), None);
+/// ```
+pub fn canonical_gguf_name(name: &str) -> Option<String> {
+    let (stem, suffix) = split_param(name)?;
+    if let Some(rest) = stem.strip_prefix("blk.") {
+        let (layer, stem) = split_layer(rest)?;
+        let canonical = gguf_layer_stem(stem)?;
+        return Some(format!("layers.{layer}.{canonical}{suffix}"));
+    }
+    gguf_global_stem(stem).map(|c| format!("{c}{suffix}"))
+}
+
+/// Canonical stem of a Hugging Face per-layer tensor.
+fn hf_layer_stem(stem: &str, family: HfFamily) -> Option<&'static str> {
+    Some(match (stem, family) {
+        ("self_attn.q_proj", _) => "attn.q",
+        ("self_attn.k_proj", _) => "attn.k",
+        ("self_attn.v_proj", _) => "attn.v",
+        ("self_attn.o_proj", _) => "attn.o",
+        ("self_attn.qkv_proj", _) => "attn.qkv",
+        ("self_attn.q_norm", _) => "attn.q_norm",
+        ("self_attn.k_norm", _) => "attn.k_norm",
+        ("input_layernorm", _) => "attn_norm",
+        ("post_attention_layernorm", HfFamily::Llama) => "ffn_norm",
+        ("post_attention_layernorm", HfFamily::Gemma) => "post_attn_norm",
+        ("pre_feedforward_layernorm", _) => "ffn_norm",
+        ("post_feedforward_layernorm", _) => "post_ffn_norm",
+        ("mlp.gate_proj", _) => "ffn.gate",
+        ("mlp.up_proj", _) => "ffn.up",
+        ("mlp.down_proj", _) => "ffn.down",
+        _ => return None,
+    })
+}
+
+/// Prefixes under which Hugging Face checkpoints keep the text model
+/// (plain causal LMs, and the text tower of multimodal ones).
+const HF_MODEL_PREFIXES: &[&str] = &["model.language_model.", "language_model.model.", "model."];
+
+/// The canonical name of a Hugging Face (or MLX) tensor, or `None`.
+///
+/// ```
+/// use flatrun_format::names::{canonical_hf_name, HfFamily};
+/// let q = canonical_hf_name("model.layers.2.self_attn.q_proj.weight", HfFamily::Llama);
+/// assert_eq!(q.as_deref(), Some("layers.2.attn.q"));
+/// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", HfFamily::Gemma);
+/// assert_eq!(n.as_deref(), Some("layers.2.post_attn_norm"));
+/// ```
+pub fn canonical_hf_name(name: &str, family: HfFamily) -> Option<String> {
+    let (stem, suffix) = split_param(name)?;
+    if stem == "lm_head" || stem == "language_model.lm_head" {
+        return Some(format!("output{suffix}"));
+    }
+    let inner = HF_MODEL_PREFIXES
+        .iter()
+        .find_map(|p| stem.strip_prefix(p))?;
+    if let Some(rest) = inner.strip_prefix("layers.") {
+        let (layer, stem) = split_layer(rest)?;
+        let canonical = hf_layer_stem(stem, family)?;
+        return Some(format!("layers.{layer}.{canonical}{suffix}"));
+    }
+    let canonical = match inner {
+        "embed_tokens" => "embed",
+        "norm" => "output_norm",
+        _ => return None,
+    };
+    Some(format!("{canonical}{suffix}"))
+}
+
+/// The layer index of a canonical name (`layers.7.attn.q` → 7).
+///
+/// ```
+/// use flatrun_format::names::canonical_layer_index;
+/// assert_eq!(canonical_layer_index("layers.7.attn.q"), Some(7));
+/// assert_eq!(canonical_layer_index("embed"), None);
+/// ```
+pub fn canonical_layer_index(name: &str) -> Option<usize> {
+    split_layer(name.strip_prefix("layers.")?).map(|(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gguf_names() {
+        let cases = [
+            ("blk.0.attn_q.weight", "layers.0.attn.q"),
+            ("blk.0.attn_k.weight", "layers.0.attn.k"),
+            ("blk.0.attn_v.weight", "layers.0.attn.v"),
+            ("blk.12.attn_output.weight", "layers.12.attn.o"),
+            ("blk.1.attn_q.bias", "layers.1.attn.q.bias"),
+            ("blk.1.attn_norm.weight", "layers.1.attn_norm"),
+            ("blk.1.ffn_norm.weight", "layers.1.ffn_norm"),
+            ("blk.1.ffn_gate.weight", "layers.1.ffn.gate"),
+            ("blk.1.ffn_up.weight", "layers.1.ffn.up"),
+            ("blk.1.ffn_down.weight", "layers.1.ffn.down"),
+            ("blk.1.attn_q_norm.weight", "layers.1.attn.q_norm"),
+            ("blk.1.attn_k_norm.weight", "layers.1.attn.k_norm"),
+            ("blk.1.post_attention_norm.weight", "layers.1.post_attn_norm"),
+            ("blk.1.post_ffw_norm.weight", "layers.1.post_ffn_norm"),
+            ("token_embd.weight", "embed"),
+            ("output.weight", "output"),
+            ("output_norm.weight", "output_norm"),
+            ("rope_freqs.weight", "rope_freqs"),
+        ];
+        for (gguf, canonical) in cases {
+            assert_eq!(canonical_gguf_name(gguf).as_deref(), Some(canonical), "{gguf}");
+        }
+        for unknown in ["blk.x.attn_q.weight", "blk..attn_q.weight", "blk.0.attn_q", "foo.weight", "blk.0.attn_q.scale"] {
+            assert_eq!(canonical_gguf_name(unknown), None, "{unknown}");
+        }
+    }
+
+    #[test]
+    fn hf_names_depend_on_family() {
+        let l = HfFamily::Llama;
+        let g = HfFamily::Gemma;
+        let n = |s: &str, f| canonical_hf_name(s, f);
+        assert_eq!(n("model.embed_tokens.weight", l).as_deref(), Some("embed"));
+        assert_eq!(n("lm_head.weight", l).as_deref(), Some("output"));
+        assert_eq!(n("model.norm.weight", l).as_deref(), Some("output_norm"));
+        assert_eq!(n("model.layers.3.self_attn.o_proj.weight", l).as_deref(), Some("layers.3.attn.o"));
+        assert_eq!(n("model.layers.3.self_attn.k_proj.bias", l).as_deref(), Some("layers.3.attn.k.bias"));
+        assert_eq!(n("model.layers.3.input_layernorm.weight", l).as_deref(), Some("layers.3.attn_norm"));
+        assert_eq!(n("model.layers.3.post_attention_layernorm.weight", l).as_deref(), Some("layers.3.ffn_norm"));
+        assert_eq!(n("model.layers.3.post_attention_layernorm.weight", g).as_deref(), Some("layers.3.post_attn_norm"));
+        assert_eq!(n("model.layers.3.pre_feedforward_layernorm.weight", g).as_deref(), Some("layers.3.ffn_norm"));
+        assert_eq!(n("model.layers.3.post_feedforward_layernorm.weight", g).as_deref(), Some("layers.3.post_ffn_norm"));
+        assert_eq!(n("model.layers.3.mlp.gate_proj.weight", l).as_deref(), Some("layers.3.ffn.gate"));
+        assert_eq!(n("model.layers.3.self_attn.q_norm.weight", g).as_deref(), Some("layers.3.attn.q_norm"));
+        assert_eq!(n("language_model.model.layers.0.mlp.up_proj.weight", g).as_deref(), Some("layers.0.ffn.up"));
+        assert_eq!(n("model.layers.3.mlp.experts.weight", l), None);
+        assert_eq!(n("vision_tower.x.weight", l), None);
+    }
+
+    #[test]
+    fn family_from_config() {
+        let cfg = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
+        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"gemma3_text"}"#)), HfFamily::Gemma);
+        assert_eq!(HfFamily::from_config(&cfg(r#"{"architectures":["Gemma3ForCausalLM"]}"#)), HfFamily::Gemma);
+        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"qwen2"}"#)), HfFamily::Llama);
+        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"gemma"}"#)), HfFamily::Llama);
+    }
+
+    #[test]
+    fn layer_index() {
+        assert_eq!(canonical_layer_index("layers.0.ffn.down"), Some(0));
+        assert_eq!(canonical_layer_index("layers.29.attn_norm"), Some(29));
+        assert_eq!(canonical_layer_index("layers.x.attn_norm"), None);
+        assert_eq!(canonical_layer_index("output"), None);
+    }
+}

@@ -1,0 +1,121 @@
+//! GEMV GB/s and GEMM GFLOP/s of the native kernels per format on real model
+//! shapes, plus the machine's memory read bandwidth measured in the same run.
+//!
+//! `cargo bench -p flatrun-kernels --bench matmul -- --warm-up-time 1 --measurement-time 3`
+//! Filter with a format name (`-- Q4_K`). `FLATRUN_THREADS` sets the pool size.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use flatrun_format::GgmlType;
+use flatrun_kernels::{backend, BackendKind, Weight, WeightFormat};
+use half::f16;
+
+/// (rows, cols) of real projections: SmolLM2 (576), Gemma 3 270M (640), Qwen2.5-0.5B (896, and its head), a 1.5B FFN.
+const SHAPES: &[(usize, usize)] = &[(1536, 576), (2048, 640), (4864, 896), (8960, 1536), (151936, 896)];
+const FORMATS: &[GgmlType] = &[
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+    GgmlType::Q4_0,
+    GgmlType::IQ4_NL,
+    GgmlType::F16,
+];
+const PREFILL_TOKENS: usize = 64;
+
+fn random_weights(t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let n = rows * cols / t.block_size() * t.type_size();
+    let mut s = 0x2545F4914F6CDD1Du64;
+    let mut bytes: Vec<u8> = (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 32) as u8
+        })
+        .collect();
+    // Finite f16 scales wherever they sit (just make every f16-aligned pair sane for F16).
+    let scale = f16::from_f32(0.01).to_le_bytes();
+    match t {
+        GgmlType::F16 => bytes.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&scale)),
+        _ => {
+            let offs: &[usize] = match t {
+                GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+                GgmlType::Q6_K => &[208],
+                _ => &[0],
+            };
+            for blk in bytes.chunks_exact_mut(t.type_size()) {
+                for &o in offs {
+                    blk[o..o + 2].copy_from_slice(&scale);
+                }
+            }
+        }
+    }
+    bytes
+}
+
+/// Single pass read bandwidth over a buffer much larger than the LLC, all pool threads.
+fn memory_read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    // 512 MiB: far beyond the last-level cache.
+    let words = 64 << 20;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = 0f64;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a ^ b)).reduce(|| 0, |a, b| a ^ b);
+        black_box(s);
+        let gbs = (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
+        best = best.max(gbs);
+    }
+    best
+}
+
+fn bench(c: &mut Criterion) {
+    if let Some(n) = std::env::var("FLATRUN_THREADS").ok().and_then(|s| s.parse().ok()) {
+        flatrun_kernels::set_threads(n);
+    }
+    let bw = memory_read_bandwidth();
+    eprintln!(
+        "memory read bandwidth: {bw:.1} GB/s ({} threads, simd {})",
+        flatrun_kernels::threads(),
+        flatrun_kernels::simd_level()
+    );
+    let k = backend(BackendKind::Native);
+    for &t in FORMATS {
+        for &(rows, cols) in SHAPES {
+            if cols % t.block_size() != 0 {
+                continue;
+            }
+            let bytes = random_weights(t, rows, cols);
+            let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
+            let name = t.traits().name;
+            // GEMV: one token, throughput = weight bytes read.
+            let x: Vec<f32> = (0..cols).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+            let mut out = vec![0f32; rows];
+            let mut g = c.benchmark_group(format!("gemv/{name}"));
+            g.throughput(Throughput::Bytes(bytes.len() as u64));
+            g.bench_function(format!("{rows}x{cols}"), |b| {
+                b.iter(|| k.matmul(&w, black_box(&x), 1, &mut out).unwrap())
+            });
+            g.finish();
+            // GEMM: PREFILL_TOKENS tokens, throughput in elements = multiply-adds (×2 = FLOP).
+            if rows * cols <= 20_000_000 {
+                let xs: Vec<f32> = (0..cols * PREFILL_TOKENS).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+                let mut outs = vec![0f32; rows * PREFILL_TOKENS];
+                let mut g = c.benchmark_group(format!("gemm{PREFILL_TOKENS}/{name}"));
+                g.throughput(Throughput::Elements(2 * (rows * cols * PREFILL_TOKENS) as u64));
+                g.bench_function(format!("{rows}x{cols}"), |b| {
+                    b.iter(|| k.matmul(&w, black_box(&xs), PREFILL_TOKENS, &mut outs).unwrap())
+                });
+                g.finish();
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,87 @@
+//! Activations quantized once per matmul call to the weights' dot partner, so
+//! the inner loops are integer dot products. Same arithmetic as ggml's
+//! reference quantizers (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref`),
+//! stored unpacked (f32 scales) for the kernels.
+
+use half::f16;
+
+/// Values per [`BlockQ8`].
+pub const QK8: usize = 32;
+/// Values per [`BlockQ8K`].
+pub const QK_K: usize = 256;
+
+/// 32 activations as `d * qs[i]`: the partner of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0 (ggml Q8_0)
+/// and, with `s = d * Σqs`, of Q4_1/Q5_1 (ggml Q8_1). `d` and `s` are rounded
+/// through f16 exactly as ggml stores them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8 {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; QK8],
+}
+
+/// 256 activations as `d * qs[i]` with per-16 sums: the partner of the K-quants and IQ4_XS (ggml Q8_K).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(C)]
+pub struct BlockQ8K {
+    pub d: f32,
+    pub qs: [i8; QK_K],
+    pub bsums: [i16; QK_K / 16],
+}
+
+impl Default for BlockQ8K {
+    fn default() -> Self {
+        BlockQ8K {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        }
+    }
+}
+
+/// Quantize `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
+pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    for (xb, b) in x.chunks_exact(QK8).zip(out.iter_mut()) {
+        // Scale so the largest magnitude maps to ±127.
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = amax / 127.0;
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        // Round half away from zero (C `roundf`), and sum the quants.
+        let mut sum = 0i32;
+        for (q, &v) in b.qs.iter_mut().zip(xb) {
+            *q = (v * id).round() as i8;
+            sum += *q as i32;
+        }
+        b.d = f16::from_f32(d).to_f32();
+        b.s = f16::from_f32(sum as f32 * d).to_f32();
+    }
+}
+
+/// Quantize `x` (a multiple of 256 values) into `out` (`x.len() / 256` blocks).
+pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
+        // The value of largest magnitude (first one on ties) sets the scale.
+        let mut amax = 0f32;
+        let mut max = 0f32;
+        for &v in xb {
+            if v.abs() > amax {
+                amax = v.abs();
+                max = v;
+            }
+        }
+        if amax == 0.0 {
+            *b = BlockQ8K::default();
+            continue;
+        }
+        let iscale = -127.0 / max;
+        // Round half to even (ggml's nearest_int), clamp to 127.
+        for (q, &v) in b.qs.iter_mut().zip(xb) {
+            *q = ((iscale * v).round_ties_even() as i32).min(127) as i8;
+        }
+        for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+            *s = g.iter().map(|&q| q as i16).sum();
+        }
+        b.d = 1.0 / iscale;
+    }
+}

@@ -1,0 +1,624 @@
+//! x86_64 kernels: AVX2+FMA (`maddubs` dots), the same code compiled for AVX-512VL,
+//! and an AVX-512 VNNI variant whose legacy-format dots use `vpdpbusd`.
+//!
+//! Every kernel has the shape `fn(row, acts, out)` over one weight row and a tile
+//! of 1..=4 tokens (`acts[t]`, `out[t]`): each weight block is loaded and
+//! unpacked once, then multiplied with every token of the tile.
+//! The public wrappers are safe: [`super::dispatch`] only hands them out after
+//! detecting the features, and they check the slice lengths they rely on.
+
+use std::arch::x86_64::*;
+
+/// `Σ` of 4-byte groups of `u8 × i8` products, AVX2: `maddubs` then `madd` with ones.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn mul_sum_maddubs(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+}
+
+/// The same with one VNNI instruction.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn mul_sum_vnni(ax: __m256i, sy: __m256i) -> __m256i {
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+}
+
+/// Call `$kernel::<.., N>` with N = the tile size (1..=4).
+macro_rules! tile {
+    ($kernel:ident $(, $c:expr)*; $row:expr, $acts:expr, $out:expr) => {{
+        // SAFETY: the caller (dispatch) checked the host supports this module's
+        // features, and `checked` below verified every slice the kernel indexes.
+        unsafe {
+            match $acts.len() {
+                1 => $kernel::<$($c,)* 1>($row, $acts, $out),
+                2 => $kernel::<$($c,)* 2>($row, $acts, $out),
+                3 => $kernel::<$($c,)* 3>($row, $acts, $out),
+                _ => $kernel::<$($c,)* 4>($row, $acts, $out),
+            }
+        }
+    }};
+}
+
+
+macro_rules! x86_kernels {
+    ($level:ident, $features:literal, $mul_sum:path) => {
+        /// Kernels compiled for one x86 feature set.
+        pub(crate) mod $level {
+            use std::arch::x86_64::*;
+
+            use flatrun_format::GgmlType;
+
+            use crate::decode::{k4_scale_min, q3k_scales, IQ4NL_LEVELS};
+            use crate::native::quantize::{BlockQ8, BlockQ8K};
+
+            /// Horizontal sum of 8 floats.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum(v: __m256) -> f32 {
+                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                _mm_cvtss_f32(s)
+            }
+
+            /// Little-endian f16 at `p` as f32.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_at(p: *const u8) -> f32 {
+                half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+            }
+
+            /// 16 bytes of nibbles → 32 bytes: low nibbles first, then high nibbles.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn nibbles(p: *const u8) -> __m256i {
+                let t = _mm_loadu_si128(p as *const __m128i);
+                let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+                _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+            }
+
+            /// 32 bits at `p` → 32 bytes, 0xFF where the bit is set.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn bits_to_bytes(p: *const u8) -> __m256i {
+                let x = i32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+                let shuf = _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                );
+                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+                let bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+                _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1))
+            }
+
+            /// The 16 IQ4_NL levels in both lanes, for `shuffle_epi8` lookups.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4nl_table() -> __m256i {
+                let t = _mm_loadu_si128(IQ4NL_LEVELS.as_ptr() as *const __m128i);
+                _mm256_set_m128i(t, t)
+            }
+
+            /// Two i16 scales: `lo` for the first 16 bytes of a 32-byte vector, `hi` for the rest.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scales16(lo: i32, hi: i32) -> __m256i {
+                _mm256_set_m128i(_mm_set1_epi16(hi as i16), _mm_set1_epi16(lo as i16))
+            }
+
+            /// 32 weights of one legacy block as bytes (`i8`, or `u8` for the formats with a min),
+            /// with the block's scale and min.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn legacy_block<const T: u32>(b: *const u8, table: __m256i) -> (__m256i, f32, f32) {
+                const Q4_0: u32 = GgmlType::Q4_0 as u32;
+                const Q4_1: u32 = GgmlType::Q4_1 as u32;
+                const Q5_0: u32 = GgmlType::Q5_0 as u32;
+                const Q5_1: u32 = GgmlType::Q5_1 as u32;
+                const Q8_0: u32 = GgmlType::Q8_0 as u32;
+                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                match T {
+                    Q4_0 => (_mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)), f16_at(b), 0.0),
+                    Q4_1 => (nibbles(b.add(4)), f16_at(b), f16_at(b.add(2))),
+                    Q5_0 => {
+                        // Missing fifth bit ⇒ value − 16, i.e. the high nibble 0xF0 in two's complement.
+                        let hi = _mm256_andnot_si256(bits_to_bytes(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
+                        (_mm256_or_si256(nibbles(b.add(6)), hi), f16_at(b), 0.0)
+                    }
+                    Q5_1 => {
+                        let hi = _mm256_and_si256(bits_to_bytes(b.add(4)), _mm256_set1_epi8(0x10));
+                        (_mm256_or_si256(nibbles(b.add(8)), hi), f16_at(b), f16_at(b.add(2)))
+                    }
+                    Q8_0 => (_mm256_loadu_si256(b.add(2) as *const __m256i), f16_at(b), 0.0),
+                    IQ4_NL => (_mm256_shuffle_epi8(table, nibbles(b.add(2))), f16_at(b), 0.0),
+                    _ => (_mm256_setzero_si256(), 0.0, 0.0),
+                }
+            }
+
+            /// Legacy format `T` (32-value blocks of `TS` bytes) × a tile of `N` Q8 token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn legacy_n<const T: u32, const TS: usize, const N: usize>(
+                row: &[u8],
+                acts: &[&[BlockQ8]],
+                out: &mut [f32],
+            ) {
+                // Formats with a min store unsigned values: no sign trick needed.
+                let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
+                let table = iq4nl_table();
+                let nb = row.len() / TS;
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut mins = [0f32; N];
+                for i in 0..nb {
+                    // Unpack the block once…
+                    let (qx, dw, mw) = legacy_block::<T>(row.as_ptr().add(i * TS), table);
+                    let ax = if unsigned { qx } else { _mm256_sign_epi8(qx, qx) };
+                    // …and dot it with every token of the tile.
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                        let sy = if unsigned { ay } else { _mm256_sign_epi8(ay, qx) };
+                        let p = _mm256_cvtepi32_ps($mul_sum(ax, sy));
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[t]);
+                        if unsigned {
+                            mins[t] += mw * a.s;
+                        }
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) + mins[t];
+                }
+            }
+
+            /// Q1_0 (128 sign bits per block, one scale) × a tile of `N` Q8 token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q1_0_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8]], out: &mut [f32]) {
+                let nb = row.len() / 18;
+                let ones = _mm256_set1_epi8(1);
+                let mut acc = [_mm256_setzero_ps(); N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 18);
+                    let d = f16_at(b);
+                    for sub in 0..4 {
+                        // ±1 per bit: 0xFF&2 − 1 = +1, 0 − 1 = −1.
+                        let mask = bits_to_bytes(b.add(2 + 4 * sub));
+                        let w = _mm256_sub_epi8(_mm256_and_si256(mask, _mm256_set1_epi8(2)), ones);
+                        for t in 0..N {
+                            let a = acts.get_unchecked(t).get_unchecked(4 * i + sub);
+                            let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                            let p = _mm256_cvtepi32_ps($mul_sum(ones, _mm256_sign_epi8(ay, w)));
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), p, acc[t]);
+                        }
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]);
+                }
+            }
+
+            /// `Σ` over 16-byte halves: `madd(maddubs(q, a), scales)` as 8 i32 lanes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scaled_dot(q: __m256i, a: *const i8, sc: __m256i) -> __m256i {
+                let a = _mm256_loadu_si256(a as *const __m256i);
+                _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), sc)
+            }
+
+            /// Q4_K × a tile of `N` Q8_K token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q4_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 144;
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut mins = [0f32; N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 144);
+                    let blk = std::slice::from_raw_parts(b, 144);
+                    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                    let mut sc = [0i32; 8];
+                    let mut mn = [0i32; 8];
+                    for j in 0..8 {
+                        let (s, m) = k4_scale_min(j, &blk[4..16]);
+                        sc[j] = s as i32;
+                        mn[j] = m as i32;
+                    }
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for c in 0..4 {
+                        // 64 values: low nibbles (scale 2c), then high nibbles (scale 2c+1).
+                        let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+                        let lo = _mm256_and_si256(q, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                        let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
+                        let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                        for t in 0..N {
+                            let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(64 * c);
+                            let p = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
+                            sumi[t] = _mm256_add_epi32(sumi[t], p);
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let mut summ = 0i32;
+                        for j in 0..8 {
+                            summ += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+                        }
+                        mins[t] += dmin * a.d * summ as f32;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) - mins[t];
+                }
+            }
+
+            /// Q5_K × a tile of `N` Q8_K token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q5_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 176;
+                let m4 = _mm256_set1_epi8(0x0F);
+                let one = _mm256_set1_epi8(1);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut mins = [0f32; N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 176);
+                    let blk = std::slice::from_raw_parts(b, 176);
+                    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                    let mut sc = [0i32; 8];
+                    let mut mn = [0i32; 8];
+                    for j in 0..8 {
+                        let (s, m) = k4_scale_min(j, &blk[4..16]);
+                        sc[j] = s as i32;
+                        mn[j] = m as i32;
+                    }
+                    let mut hb = _mm256_loadu_si256(b.add(16) as *const __m256i);
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for c in 0..4 {
+                        // Fifth bits: bit 2c of qh for the low nibbles, 2c+1 for the high ones.
+                        let q = _mm256_loadu_si256(b.add(48 + 32 * c) as *const __m256i);
+                        let h_lo = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
+                        let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+                        hb = _mm256_srli_epi16(hb, 2);
+                        let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
+                        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
+                        let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
+                        let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                        for t in 0..N {
+                            let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(64 * c);
+                            let p = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
+                            sumi[t] = _mm256_add_epi32(sumi[t], p);
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let mut summ = 0i32;
+                        for j in 0..8 {
+                            summ += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
+                        }
+                        mins[t] += dmin * a.d * summ as f32;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) - mins[t];
+                }
+            }
+
+            /// Q6_K × a tile of `N` Q8_K token rows. Values are used unsigned (0..64) and
+            /// the −32 offset is taken off once per block through the activations' group sums.
+            #[target_feature(enable = $features)]
+            unsafe fn q6_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 210;
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut offs = [0f32; N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 210);
+                    let d = f16_at(b.add(208));
+                    let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for half in 0..2 {
+                        let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                        let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                        let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                        // Four 32-value runs: low/high nibbles of ql0/ql1 with 2 bits of qh each.
+                        let q = [
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql0, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(ql1, m4),
+                                _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                                _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                            ),
+                            _mm256_or_si256(
+                                _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                                _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
+                            ),
+                        ];
+                        for k in 0..4 {
+                            let g = 8 * half + 2 * k;
+                            let s = scales16(sc[g] as i32, sc[g + 1] as i32);
+                            for t in 0..N {
+                                let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(128 * half + 32 * k);
+                                sumi[t] = _mm256_add_epi32(sumi[t], scaled_dot(q[k], a, s));
+                            }
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let mut off = 0i32;
+                        for g in 0..16 {
+                            off += sc[g] as i32 * a.bsums[g] as i32;
+                        }
+                        offs[t] += d * a.d * (32 * off) as f32;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) - offs[t];
+                }
+            }
+
+            /// Q2_K × a tile of `N` Q8_K token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q2_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 84;
+                let m3 = _mm256_set1_epi8(3);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut mins = [0f32; N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 84);
+                    let sc = std::slice::from_raw_parts(b, 16);
+                    let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for half in 0..2 {
+                        let mut q = _mm256_loadu_si256(b.add(16 + 32 * half) as *const __m256i);
+                        for s in 0..4 {
+                            // Bits 2s..2s+2 of each byte: 32 values with scales g, g+1.
+                            let v = _mm256_and_si256(q, m3);
+                            q = _mm256_srli_epi16(q, 2);
+                            let g = 8 * half + 2 * s;
+                            let scv = scales16((sc[g] & 0xF) as i32, (sc[g + 1] & 0xF) as i32);
+                            for t in 0..N {
+                                let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(128 * half + 32 * s);
+                                sumi[t] = _mm256_add_epi32(sumi[t], scaled_dot(v, a, scv));
+                            }
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let mut summ = 0i32;
+                        for g in 0..16 {
+                            summ += (sc[g] >> 4) as i32 * a.bsums[g] as i32;
+                        }
+                        mins[t] += dmin * a.d * summ as f32;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) - mins[t];
+                }
+            }
+
+            /// Q3_K × a tile of `N` Q8_K token rows (values used as 0..8, offset 4 removed via group sums).
+            #[target_feature(enable = $features)]
+            unsafe fn q3_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 110;
+                let m3 = _mm256_set1_epi8(3);
+                let one = _mm256_set1_epi8(1);
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut offs = [0f32; N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 110);
+                    let d = f16_at(b.add(108));
+                    let sc = q3k_scales(std::slice::from_raw_parts(b.add(96), 12));
+                    let mut hm = _mm256_loadu_si256(b as *const __m256i);
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for half in 0..2 {
+                        let mut q = _mm256_loadu_si256(b.add(32 + 32 * half) as *const __m256i);
+                        for s in 0..4 {
+                            let low = _mm256_and_si256(q, m3);
+                            let high = _mm256_slli_epi16(_mm256_and_si256(hm, one), 2);
+                            q = _mm256_srli_epi16(q, 2);
+                            hm = _mm256_srli_epi16(hm, 1);
+                            let v = _mm256_or_si256(low, high);
+                            let g = 8 * half + 2 * s;
+                            let scv = scales16(sc[g] as i32, sc[g + 1] as i32);
+                            for t in 0..N {
+                                let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(128 * half + 32 * s);
+                                sumi[t] = _mm256_add_epi32(sumi[t], scaled_dot(v, a, scv));
+                            }
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let mut off = 0i32;
+                        for g in 0..16 {
+                            off += sc[g] as i32 * a.bsums[g] as i32;
+                        }
+                        offs[t] += d * a.d * (4 * off) as f32;
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]) - offs[t];
+                }
+            }
+
+            /// IQ4_XS × a tile of `N` Q8_K token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_xs_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = row.len() / 136;
+                let table = iq4nl_table();
+                let mut acc = [_mm256_setzero_ps(); N];
+                for i in 0..nb {
+                    let b = row.as_ptr().add(i * 136);
+                    let d = f16_at(b);
+                    let scales_h = u16::from_le_bytes([*b.add(2), *b.add(3)]);
+                    let mut sumi = [_mm256_setzero_si256(); N];
+                    for ib in 0..8 {
+                        let ls = ((*b.add(4 + ib / 2) >> (4 * (ib % 2))) & 0xF) as i32
+                            | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
+                        let v = _mm256_shuffle_epi8(table, nibbles(b.add(8 + 16 * ib)));
+                        let ax = _mm256_sign_epi8(v, v);
+                        let s = _mm256_set1_epi16((ls - 32) as i16);
+                        for t in 0..N {
+                            let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(32 * ib);
+                            let ay = _mm256_loadu_si256(a as *const __m256i);
+                            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, _mm256_sign_epi8(ay, v)), s);
+                            sumi[t] = _mm256_add_epi32(sumi[t], p);
+                        }
+                    }
+                    for t in 0..N {
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                    }
+                }
+                for t in 0..N {
+                    out[t] = hsum(acc[t]);
+                }
+            }
+
+            /// Eight weights of a plain-float row as f32.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn load8<const T: u32>(p: *const u8) -> __m256 {
+                const F16: u32 = GgmlType::F16 as u32;
+                const BF16: u32 = GgmlType::BF16 as u32;
+                match T {
+                    F16 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                    BF16 => {
+                        let h = _mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i));
+                        _mm256_castsi256_ps(_mm256_slli_epi32(h, 16))
+                    }
+                    _ => _mm256_loadu_ps(p as *const f32),
+                }
+            }
+
+            /// F32/F16/BF16 row (`ES` bytes per value) × a tile of `N` f32 token rows.
+            #[target_feature(enable = $features)]
+            unsafe fn float_n<const T: u32, const ES: usize, const N: usize>(
+                row: &[u8],
+                acts: &[&[f32]],
+                out: &mut [f32],
+            ) {
+                let n = row.len() / ES;
+                let n8 = n / 8 * 8;
+                let mut acc = [_mm256_setzero_ps(); N];
+                let mut j = 0;
+                while j < n8 {
+                    let w = load8::<T>(row.as_ptr().add(j * ES));
+                    for t in 0..N {
+                        let x = _mm256_loadu_ps(acts.get_unchecked(t).as_ptr().add(j));
+                        acc[t] = _mm256_fmadd_ps(w, x, acc[t]);
+                    }
+                    j += 8;
+                }
+                for t in 0..N {
+                    // Ragged tail, one value at a time.
+                    let a = acts.get_unchecked(t);
+                    let mut s = hsum(acc[t]);
+                    for j in n8..n {
+                        s += scalar_value::<T>(row.as_ptr().add(j * ES)) * *a.get_unchecked(j);
+                    }
+                    out[t] = s;
+                }
+            }
+
+            /// One weight of a plain-float row as f32.
+            #[inline(always)]
+            unsafe fn scalar_value<const T: u32>(p: *const u8) -> f32 {
+                const F16: u32 = GgmlType::F16 as u32;
+                const BF16: u32 = GgmlType::BF16 as u32;
+                match T {
+                    F16 => half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
+                    BF16 => half::bf16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
+                    _ => f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]),
+                }
+            }
+
+            /// Whether a tile call is well formed: 1..=4 tokens, every activation row long enough.
+            #[inline]
+            fn checked<A>(row: &[u8], ts: usize, acts_per_block: usize, acts: &[&[A]], out: &[f32]) -> bool {
+                let need = row.len() / ts * acts_per_block;
+                (1..=4).contains(&acts.len())
+                    && out.len() >= acts.len()
+                    && row.len() % ts == 0
+                    && acts.iter().all(|a| a.len() >= need)
+            }
+
+            /// Row × Q8 tile for a legacy format, Q1_0 or IQ4_NL.
+            pub(crate) fn dot_q8(t: GgmlType, row: &[u8], acts: &[&[BlockQ8]], out: &mut [f32]) {
+                let subs = t.block_size() / 32;
+                if !checked(row, t.type_size(), subs, acts, out) {
+                    return super::super::scalar::dot_q8(t, row, acts, out);
+                }
+                const Q4_0: u32 = GgmlType::Q4_0 as u32;
+                const Q4_1: u32 = GgmlType::Q4_1 as u32;
+                const Q5_0: u32 = GgmlType::Q5_0 as u32;
+                const Q5_1: u32 = GgmlType::Q5_1 as u32;
+                const Q8_0: u32 = GgmlType::Q8_0 as u32;
+                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                match t {
+                    GgmlType::Q4_0 => tile!(legacy_n, Q4_0, 18; row, acts, out),
+                    GgmlType::Q4_1 => tile!(legacy_n, Q4_1, 20; row, acts, out),
+                    GgmlType::Q5_0 => tile!(legacy_n, Q5_0, 22; row, acts, out),
+                    GgmlType::Q5_1 => tile!(legacy_n, Q5_1, 24; row, acts, out),
+                    GgmlType::Q8_0 => tile!(legacy_n, Q8_0, 34; row, acts, out),
+                    GgmlType::IQ4_NL => tile!(legacy_n, IQ4_NL, 18; row, acts, out),
+                    GgmlType::Q1_0 => tile!(q1_0_n; row, acts, out),
+                    _ => super::super::scalar::dot_q8(t, row, acts, out),
+                }
+            }
+
+            /// Row × Q8_K tile for a K-quant or IQ4_XS.
+            pub(crate) fn dot_q8k(t: GgmlType, row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                if !checked(row, t.type_size(), 1, acts, out) {
+                    return super::super::scalar::dot_q8k(t, row, acts, out);
+                }
+                match t {
+                    GgmlType::Q2_K => tile!(q2_k_n; row, acts, out),
+                    GgmlType::Q3_K => tile!(q3_k_n; row, acts, out),
+                    GgmlType::Q4_K => tile!(q4_k_n; row, acts, out),
+                    GgmlType::Q5_K => tile!(q5_k_n; row, acts, out),
+                    GgmlType::Q6_K => tile!(q6_k_n; row, acts, out),
+                    GgmlType::IQ4_XS => tile!(iq4_xs_n; row, acts, out),
+                    _ => super::super::scalar::dot_q8k(t, row, acts, out),
+                }
+            }
+
+            /// Row × f32 tile for F32/F16/BF16.
+            pub(crate) fn dot_f32(t: GgmlType, row: &[u8], acts: &[&[f32]], out: &mut [f32]) {
+                if !checked(row, t.type_size(), 1, acts, out) {
+                    return super::super::scalar::dot_f32(t, row, acts, out);
+                }
+                const F32: u32 = GgmlType::F32 as u32;
+                const F16: u32 = GgmlType::F16 as u32;
+                const BF16: u32 = GgmlType::BF16 as u32;
+                match t {
+                    GgmlType::F32 => tile!(float_n, F32, 4; row, acts, out),
+                    GgmlType::F16 => tile!(float_n, F16, 2; row, acts, out),
+                    GgmlType::BF16 => tile!(float_n, BF16, 2; row, acts, out),
+                    _ => super::super::scalar::dot_f32(t, row, acts, out),
+                }
+            }
+        }
+    };
+}
+
+x86_kernels!(avx2, "avx2,fma,f16c", super::mul_sum_maddubs);
+x86_kernels!(
+    avx512,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
+    super::mul_sum_maddubs
+);
+x86_kernels!(
+    vnni,
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    super::mul_sum_vnni
+);

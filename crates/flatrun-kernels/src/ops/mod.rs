@@ -1,0 +1,15 @@
+//! The f32 operations of a decoder layer besides the projections.
+
+mod activation;
+mod attention;
+mod elementwise;
+mod norm;
+mod rope;
+mod softmax;
+
+pub use activation::{gelu_tanh, geglu, silu, swiglu};
+pub use attention::{attention, AttnConfig, KvSlice};
+pub use elementwise::{add, scale};
+pub use norm::{rms_norm, rms_norm_rows};
+pub use rope::{llama3_freq_factors, rope, RopeConfig, RopeLayout, RopeScaling};
+pub use softmax::softmax;

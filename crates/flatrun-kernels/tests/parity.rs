@@ -1,0 +1,140 @@
+//! Native against reference, every format, every SIMD level the host supports,
+//! over shapes with ragged tails (rows, token tiles, float columns).
+
+mod common;
+
+use common::{mlx_format, random_ggml, random_mlx, Rng, GGML_BUDGETS, MLX_FORMATS};
+use flatrun_format::GgmlType;
+use flatrun_kernels::{supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat};
+use proptest::prelude::*;
+
+/// Σ|w·x| per output, the scale the error budget is relative to.
+fn magnitudes(w: &Weight, x: &[f32], n_tokens: usize) -> Vec<f32> {
+    let mut dense = vec![0f32; w.rows * w.cols];
+    ReferenceKernels.dequantize_rows(w, 0..w.rows, &mut dense).unwrap();
+    let mut m = vec![0f32; n_tokens * w.rows];
+    for t in 0..n_tokens {
+        for r in 0..w.rows {
+            m[t * w.rows + r] = (0..w.cols)
+                .map(|c| (dense[r * w.cols + c] * x[t * w.cols + c]).abs())
+                .sum();
+        }
+    }
+    m
+}
+
+/// Check every SIMD level against the reference; returns the worst relative error seen.
+fn check(w: &Weight, n_tokens: usize, budget: f32, rng: &mut Rng) -> f32 {
+    let x: Vec<f32> = (0..n_tokens * w.cols).map(|_| rng.f32()).collect();
+    let mut want = vec![0f32; n_tokens * w.rows];
+    ReferenceKernels.matmul(w, &x, n_tokens, &mut want).unwrap();
+    let mag = magnitudes(w, &x, n_tokens);
+    let mut worst = 0f32;
+    for level in supported_levels() {
+        let k = NativeKernels::new(level);
+        let mut got = vec![f32::NAN; n_tokens * w.rows];
+        k.matmul(w, &x, n_tokens, &mut got).unwrap();
+        for i in 0..got.len() {
+            let rel = (got[i] - want[i]).abs() / mag[i].max(1e-20);
+            assert!(
+                rel <= budget,
+                "{} at {level}: [{} x {}] x {n_tokens} tokens, output {i}: native {} reference {} (rel {rel:e} > {budget:e})",
+                w.format,
+                w.rows,
+                w.cols,
+                got[i],
+                want[i]
+            );
+            worst = worst.max(rel);
+        }
+    }
+    worst
+}
+
+#[test]
+fn every_format_within_budget_on_a_fixed_shape() {
+    let mut rng = Rng(0x9E3779B97F4A7C15);
+    for &(t, budget) in GGML_BUDGETS {
+        let cols = 512;
+        let bytes = random_ggml(t, 13, cols, &mut rng);
+        let w = Weight::new(WeightFormat::Ggml(t), 13, cols, &bytes, None, None).unwrap();
+        let worst = (1..=6).map(|n| check(&w, n, budget, &mut rng)).fold(0f32, f32::max);
+        println!("{:>7}: worst relative error {worst:.2e} (budget {budget:.0e})", t.traits().name);
+    }
+}
+
+#[test]
+fn mlx_formats_match_reference() {
+    let mut rng = Rng(42);
+    for &(bits, group) in MLX_FORMATS {
+        let (rows, cols) = (7, 256);
+        let (data, scales, biases) = random_mlx(bits, group, rows, cols, &mut rng);
+        let w = Weight::new(mlx_format(bits, group), rows, cols, &data, Some(&scales), Some(&biases)).unwrap();
+        check(&w, 3, 1e-5, &mut rng);
+    }
+}
+
+#[test]
+fn gemm_equals_gemv_per_token() {
+    // The token-tiled GEMM path must give the same numbers as one GEMV per token.
+    let mut rng = Rng(7);
+    for &(t, _) in GGML_BUDGETS {
+        let (rows, cols) = (9, 256);
+        let bytes = random_ggml(t, rows, cols, &mut rng);
+        let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
+        let n = 7;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+        for level in supported_levels() {
+            let k = NativeKernels::new(level);
+            let mut gemm = vec![0f32; n * rows];
+            k.matmul(&w, &x, n, &mut gemm).unwrap();
+            for tok in 0..n {
+                let mut gemv = vec![0f32; rows];
+                k.matmul(&w, &x[tok * cols..(tok + 1) * cols], 1, &mut gemv).unwrap();
+                for r in 0..rows {
+                    let (a, b) = (gemm[tok * rows + r], gemv[r]);
+                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{t:?} {level}: token {tok} row {r}: {a} vs {b}");
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn ragged_shapes_within_budget(
+        fmt in 0..GGML_BUDGETS.len(),
+        rows in 1usize..37,
+        blocks in 1usize..5,
+        extra_cols in 0usize..8,
+        n_tokens in 1usize..10,
+        seed in any::<u64>(),
+    ) {
+        let (t, budget) = GGML_BUDGETS[fmt];
+        // Float formats take any width: add a ragged tail past the 8-lane SIMD width.
+        let cols = if t.is_quantized() { blocks * t.block_size() } else { blocks * 32 + extra_cols };
+        let mut rng = Rng(seed | 1);
+        let bytes = random_ggml(t, rows, cols, &mut rng);
+        let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
+        check(&w, n_tokens, budget, &mut rng);
+    }
+}
+
+#[test]
+fn bad_calls_are_errors_not_panics() {
+    let bytes = vec![0u8; 18 * 4];
+    let w = Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 2, 64, &bytes, None, None).unwrap();
+    let k = NativeKernels::new(flatrun_kernels::simd_level());
+    let mut out = vec![0f32; 2];
+    assert!(k.matmul(&w, &[0.0; 63], 1, &mut out).is_err());
+    assert!(k.matmul(&w, &[0.0; 64], 1, &mut out[..1]).is_err());
+    assert!(k.dequantize_rows(&w, 1..3, &mut [0.0; 128]).is_err());
+    assert!(Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 2, 60, &bytes, None, None).is_err());
+    assert!(Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 3, 64, &bytes, None, None).is_err());
+    assert!(w.row_range(1..3).is_err());
+    let half = w.row_range(1..2).unwrap();
+    assert_eq!(half.rows, 1);
+    assert_eq!(half.data.len(), 36);
+}

@@ -1,0 +1,169 @@
+//! The layer manifest: which canonical tensors make up each decoder layer and
+//! the model's non-layer tensors, with their byte sizes. It is built from a
+//! backend's tensor table, so the same code serves GGUF, SafeTensors and MLX;
+//! the runtime's scheduler walks it to acquire, prefetch and release weights.
+
+use crate::arch::layer_tensor_rules;
+use crate::config::ModelConfig;
+use crate::error::{ModelError, Result};
+use flatrun_format::TensorInfo;
+use std::collections::HashMap;
+
+/// One tensor of the manifest.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorEntry {
+    /// Canonical name (`layers.3.attn.q`).
+    pub name: String,
+    /// Row-major logical shape.
+    pub shape: Vec<usize>,
+    /// Bytes of its data (main array plus MLX scales/biases when known).
+    pub bytes: u64,
+}
+
+/// The tensors of one decoder layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerEntry {
+    pub index: usize,
+    pub tensors: Vec<TensorEntry>,
+    /// Sum of the tensors' bytes.
+    pub bytes: u64,
+}
+
+/// Every tensor the forward pass reads, grouped by when it reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Manifest {
+    /// Token embedding table `[vocab, n_embd]`.
+    pub embed: TensorEntry,
+    /// Decoder layers in execution order.
+    pub layers: Vec<LayerEntry>,
+    /// Final RMS norm.
+    pub output_norm: TensorEntry,
+    /// Output head `[vocab, n_embd]` (the embedding table when tied).
+    pub output: TensorEntry,
+    /// Whether the output head is the embedding table.
+    pub output_tied: bool,
+    /// Optional RoPE frequency factors (Llama 3 GGUF).
+    pub rope_freqs: Option<TensorEntry>,
+}
+
+/// Canonical name of a per-layer tensor: `layers.{i}.{role}`.
+pub fn layer_tensor(layer: usize, role: &str) -> String {
+    format!("layers.{layer}.{role}")
+}
+
+/// Per-layer roles every architecture has.
+pub const BASE_ROLES: &[&str] = &[
+    "attn_norm",
+    "attn.q",
+    "attn.k",
+    "attn.v",
+    "attn.o",
+    "ffn_norm",
+    "ffn.gate",
+    "ffn.up",
+    "ffn.down",
+];
+
+impl Manifest {
+    /// Build the manifest of `cfg` over a backend's tensor table, checking that
+    /// every tensor the architecture needs is present with a plausible shape.
+    pub fn build(cfg: &ModelConfig, tensors: &[TensorInfo]) -> Result<Manifest> {
+        let by_name: HashMap<&str, &TensorInfo> =
+            tensors.iter().map(|t| (t.name.as_str(), t)).collect();
+        let arch = cfg.arch.name();
+        let entry = |name: &str| -> Option<TensorEntry> {
+            by_name.get(name).map(|t| TensorEntry {
+                name: t.name.clone(),
+                shape: t.shape.clone(),
+                bytes: t.byte_size,
+            })
+        };
+        let require = |name: &str| -> Result<TensorEntry> {
+            entry(name).ok_or_else(|| ModelError::MissingTensor {
+                arch: arch.to_string(),
+                tensor: name.to_string(),
+            })
+        };
+
+        let embed = require("embed")?;
+        let (output, output_tied) = match entry("output") {
+            Some(o) => (o, false),
+            None => (embed.clone(), true),
+        };
+        check_matrix(&embed, cfg.n_embd)?;
+        check_matrix(&output, cfg.n_embd)?;
+
+        let rules = layer_tensor_rules(cfg.arch);
+        let mut roles: Vec<&str> = BASE_ROLES.to_vec();
+        if rules.qkv_bias {
+            roles.extend(["attn.q.bias", "attn.k.bias", "attn.v.bias"]);
+        }
+        if rules.qk_norm {
+            roles.extend(["attn.q_norm", "attn.k_norm"]);
+        }
+        if rules.sandwich_norms {
+            roles.extend(["post_attn_norm", "post_ffn_norm"]);
+        }
+        // Tensors some checkpoints of a family carry and the decoder honours.
+        let optional_roles = ["attn.o.bias"];
+
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for index in 0..cfg.n_layer {
+            let mut tensors = Vec::with_capacity(roles.len());
+            for role in &roles {
+                tensors.push(require(&layer_tensor(index, role))?);
+            }
+            for role in optional_roles {
+                if let Some(t) = entry(&layer_tensor(index, role)) {
+                    tensors.push(t);
+                }
+            }
+            let bytes = tensors.iter().map(|t| t.bytes).sum();
+            layers.push(LayerEntry {
+                index,
+                tensors,
+                bytes,
+            });
+        }
+        Ok(Manifest {
+            embed,
+            layers,
+            output_norm: require("output_norm")?,
+            output,
+            output_tied,
+            rope_freqs: entry("rope_freqs"),
+        })
+    }
+
+    /// Rows of the embedding table.
+    pub fn vocab_size(&self) -> usize {
+        self.embed.shape.first().copied().unwrap_or(0)
+    }
+
+    /// Bytes of the largest decoder layer.
+    pub fn largest_layer_bytes(&self) -> u64 {
+        self.layers.iter().map(|l| l.bytes).max().unwrap_or(0)
+    }
+
+    /// Bytes of every tensor the forward pass reads (the tied head counted once).
+    pub fn total_bytes(&self) -> u64 {
+        let layers: u64 = self.layers.iter().map(|l| l.bytes).sum();
+        let head = if self.output_tied {
+            0
+        } else {
+            self.output.bytes
+        };
+        layers + self.embed.bytes + head + self.output_norm.bytes
+    }
+}
+
+fn check_matrix(t: &TensorEntry, n_embd: usize) -> Result<()> {
+    match t.shape.as_slice() {
+        [_, cols] if *cols == n_embd => Ok(()),
+        _ => Err(ModelError::BadShape {
+            tensor: t.name.clone(),
+            shape: t.shape.clone(),
+            expected: format!("[vocab, {n_embd}]"),
+        }),
+    }
+}

@@ -1,0 +1,151 @@
+//! Cutting text at special tokens before the text is encoded, the way
+//! llama.cpp does it: special tokens are tried longest first, each one
+//! splitting every remaining stretch of text at its occurrences, left to
+//! right. With `parse_special = false` control tokens are left as text, but
+//! user-defined tokens are still matched.
+
+use std::collections::{HashMap, HashSet};
+
+use super::vocab::{TokenKind, Vocab};
+
+/// A stretch of the input: plain text to encode, or a special token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fragment {
+    Text { start: usize, end: usize },
+    Token(u32),
+}
+
+/// One matchable special token.
+#[derive(Clone, Debug)]
+struct Special {
+    id: u32,
+    text: String,
+    /// A control or unknown token: matched only with `parse_special`.
+    needs_parse_special: bool,
+    /// Swallow whitespace to the left / right of a match (Phi-3 style).
+    lstrip: bool,
+    rstrip: bool,
+}
+
+/// The special tokens of a vocabulary, longest first, with an index that
+/// finds which of them occur in a text without searching for each one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SpecialTokens {
+    by_length: Vec<Special>,
+    /// For each first byte, the distinct lengths of special tokens starting with it.
+    lengths_by_first_byte: HashMap<u8, Vec<usize>>,
+    /// Text → position in `by_length`.
+    position: HashMap<String, usize>,
+}
+
+impl SpecialTokens {
+    /// Collect control, user-defined and unknown tokens. `phi3_rules` gives
+    /// every token but `<unk>`, `<s>` and `<|endoftext|>` right-strip (llama.cpp does that for Phi-3 models).
+    pub fn from_vocab(vocab: &Vocab, phi3_rules: bool) -> SpecialTokens {
+        let mut by_length = Vec::new();
+        for (id, text) in vocab.texts.iter().enumerate() {
+            let kind = vocab.kinds[id];
+            if !matches!(kind, TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown) {
+                continue;
+            }
+            let rstrip = phi3_rules && !matches!(text.as_str(), "<unk>" | "<s>" | "<|endoftext|>");
+            by_length.push(Special {
+                id: id as u32,
+                text: text.clone(),
+                needs_parse_special: kind != TokenKind::UserDefined,
+                lstrip: false,
+                rstrip,
+            });
+        }
+        Self::from_list(by_length)
+    }
+
+    /// Special tokens given explicitly (Hugging Face `added_tokens`):
+    /// `(id, text, is_control)`.
+    pub fn from_added(tokens: impl IntoIterator<Item = (u32, String, bool)>) -> SpecialTokens {
+        Self::from_list(
+            tokens
+                .into_iter()
+                .map(|(id, text, control)| Special { id, text, needs_parse_special: control, lstrip: false, rstrip: false })
+                .collect(),
+        )
+    }
+
+    fn from_list(mut by_length: Vec<Special>) -> SpecialTokens {
+        by_length.retain(|s| !s.text.is_empty());
+        by_length.sort_by(|a, b| b.text.len().cmp(&a.text.len()));
+        let mut lengths_by_first_byte: HashMap<u8, Vec<usize>> = HashMap::new();
+        let mut position = HashMap::new();
+        for (i, s) in by_length.iter().enumerate() {
+            let lengths = lengths_by_first_byte.entry(s.text.as_bytes()[0]).or_default();
+            if !lengths.contains(&s.text.len()) {
+                lengths.push(s.text.len());
+            }
+            position.entry(s.text.clone()).or_insert(i);
+        }
+        SpecialTokens { by_length, lengths_by_first_byte, position }
+    }
+
+    /// Positions (in `by_length`) of the special tokens occurring in `text`.
+    fn occurring(&self, text: &str, parse_special: bool) -> Vec<usize> {
+        let bytes = text.as_bytes();
+        let mut found = HashSet::new();
+        for (at, b) in bytes.iter().enumerate() {
+            let Some(lengths) = self.lengths_by_first_byte.get(b) else { continue };
+            for &len in lengths {
+                let Some(candidate) = text.get(at..at + len) else { continue };
+                if let Some(&pos) = self.position.get(candidate) {
+                    if parse_special || !self.by_length[pos].needs_parse_special {
+                        found.insert(pos);
+                    }
+                }
+            }
+        }
+        let mut found: Vec<usize> = found.into_iter().collect();
+        found.sort_unstable();
+        found
+    }
+
+    /// Cut `text` into plain-text fragments and special tokens.
+    pub fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
+        let mut fragments = vec![Fragment::Text { start: 0, end: text.len() }];
+        if text.is_empty() {
+            return Vec::new();
+        }
+        for pos in self.occurring(text, parse_special) {
+            let special = &self.by_length[pos];
+            let mut next = Vec::with_capacity(fragments.len() + 2);
+            for fragment in fragments {
+                let Fragment::Text { mut start, end } = fragment else {
+                    next.push(fragment);
+                    continue;
+                };
+                // Split this stretch at every occurrence, left to right.
+                while let Some(found) = text[start..end].find(special.text.as_str()) {
+                    let match_start = start + found;
+                    let mut left_end = match_start;
+                    if special.lstrip {
+                        while left_end > start && text.as_bytes()[left_end - 1].is_ascii_whitespace() {
+                            left_end -= 1;
+                        }
+                    }
+                    if left_end > start {
+                        next.push(Fragment::Text { start, end: left_end });
+                    }
+                    next.push(Fragment::Token(special.id));
+                    start = match_start + special.text.len();
+                    if special.rstrip {
+                        while start < end && text.as_bytes()[start].is_ascii_whitespace() {
+                            start += 1;
+                        }
+                    }
+                }
+                if start < end {
+                    next.push(Fragment::Text { start, end });
+                }
+            }
+            fragments = next;
+        }
+        fragments
+    }
+}

@@ -1,0 +1,56 @@
+//! The runtime's error type.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while loading or running a model. Each
+/// variant carries what it is about (file, layer, sizes).
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The checkpoint could not be opened or a tensor could not be read.
+    #[error("{0}")]
+    Format(#[from] flatrun_format::FormatError),
+    /// Hyperparameters, manifest or a decoder layer failed.
+    #[error("{0}")]
+    Model(#[from] flatrun_model::ModelError),
+    /// A kernel refused an embedding lookup or the output head.
+    #[error("{tensor}: {source}")]
+    Kernel {
+        tensor: String,
+        #[source]
+        source: flatrun_kernels::KernelError,
+    },
+    /// The sequence would grow past its KV cache.
+    #[error("context overflow: {used} tokens in the sequence + {new} new > context size {capacity}")]
+    ContextOverflow {
+        used: usize,
+        new: usize,
+        capacity: usize,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
+    BadToken { id: u32, vocab: usize },
+    /// A step with no tokens.
+    #[error("a step needs at least one token")]
+    EmptyStep,
+    /// The tokenizer failed or is missing.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    /// The chat template failed or is missing.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+    /// A checkpoint side file (`config.json`) is unreadable.
+    #[error("{path}: {what}")]
+    Config { path: PathBuf, what: String },
+    /// A bad option value (`--residency cap=…`).
+    #[error("invalid option {option}: {what}")]
+    Option { option: &'static str, what: String },
+    /// Writing a profile or a logits dump failed.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T, E = RuntimeError> = std::result::Result<T, E>;

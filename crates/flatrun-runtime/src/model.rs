@@ -1,0 +1,158 @@
+//! The public entry point: [`Model::load`] opens a checkpoint, reads its
+//! hyperparameters, tokenizer and chat template, and prepares a
+//! [`StreamingExecutor`]; [`Session`] gives step-level access.
+
+use crate::error::{Result, RuntimeError};
+use crate::executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
+use crate::generate::{GenerateOptions, Generation, Prompt};
+use crate::options::LoadOptions;
+use crate::profiler::Profiler;
+use flatrun_format::StorageBackend;
+use flatrun_model::tokenizer::Tokenizer;
+use flatrun_model::{Manifest, ModelConfig};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// A loaded model.
+pub struct Model {
+    path: PathBuf,
+    pub(crate) executor: StreamingExecutor,
+    pub(crate) tokenizer: std::result::Result<Tokenizer, String>,
+}
+
+impl Model {
+    /// Open the checkpoint at `path` (a GGUF file, a SafeTensors file or
+    /// directory, or an MLX directory) with `opts`.
+    pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Model> {
+        let path = path.as_ref().to_path_buf();
+        let backend: Arc<dyn StorageBackend> = Arc::from(flatrun_format::open(&path)?);
+        let (mut cfg, tokenizer) = if backend.name() == "gguf" {
+            let md = backend.metadata();
+            let tok = Tokenizer::from_gguf_metadata(md).map_err(|e| e.to_string());
+            (ModelConfig::from_gguf(md)?, tok)
+        } else {
+            let dir = backend.directory().map(Path::to_path_buf).ok_or_else(|| {
+                RuntimeError::Config {
+                    path: path.clone(),
+                    what: "no directory with a config.json next to the weights".into(),
+                }
+            })?;
+            let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
+            let tok = Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
+            (cfg, tok)
+        };
+        let manifest = Manifest::build(&cfg, backend.tensors())?;
+        cfg.vocab_size = manifest.vocab_size();
+        if let Some(n) = opts.threads {
+            flatrun_kernels::set_threads(n);
+        }
+        let kernels = flatrun_kernels::backend(opts.backend);
+        let executor = StreamingExecutor::new(backend, cfg, manifest, kernels, &opts)?;
+        Ok(Model {
+            path,
+            executor,
+            tokenizer,
+        })
+    }
+
+    /// The checkpoint path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    /// Hyperparameters.
+    pub fn config(&self) -> &ModelConfig {
+        self.executor.config()
+    }
+    /// The executor (manifest, residency plan, backend).
+    pub fn executor(&self) -> &StreamingExecutor {
+        &self.executor
+    }
+    /// The executor, mutably (to step sequences directly).
+    pub fn executor_mut(&mut self) -> &mut StreamingExecutor {
+        &mut self.executor
+    }
+    /// Timings and memory samples so far.
+    pub fn profiler(&self) -> &Profiler {
+        &self.executor.profiler
+    }
+    /// Timings, mutably (to reset between phases).
+    pub fn profiler_mut(&mut self) -> &mut Profiler {
+        &mut self.executor.profiler
+    }
+    /// The tokenizer, or why it could not be built.
+    pub fn tokenizer(&self) -> Result<&Tokenizer> {
+        self.tokenizer
+            .as_ref()
+            .map_err(|e| RuntimeError::Tokenizer(e.clone()))
+    }
+
+    /// Tokenize `text` (BOS/EOS per the checkpoint when `add_special`;
+    /// special tokens such as `<|im_start|>` are recognized).
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        self.tokenizer()?
+            .encode(text, add_special, true)
+            .map_err(|e| RuntimeError::Tokenizer(e.to_string()))
+    }
+
+    /// Detokenize `ids`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer()?
+            .decode(ids, false)
+            .map_err(|e| RuntimeError::Tokenizer(e.to_string()))
+    }
+
+    /// A new, empty sequence.
+    pub fn new_sequence(&self) -> Sequence {
+        self.executor.new_sequence()
+    }
+
+    /// Step-level access with a fresh sequence.
+    pub fn session(&mut self) -> Session<'_> {
+        let seq = self.executor.new_sequence();
+        Session { model: self, seq }
+    }
+
+    /// Generate from a prompt (text, tokenized with BOS as the checkpoint
+    /// wants, or token ids) as a stream of [`crate::TokenEvent`]s.
+    pub fn generate(&mut self, prompt: impl Into<Prompt>, opts: GenerateOptions) -> Result<Generation<'_>> {
+        let tokens = match prompt.into() {
+            Prompt::Text(text) => self.encode(&text, true)?,
+            Prompt::Tokens(ids) => ids,
+        };
+        let seq = self.executor.new_sequence();
+        Generation::new(self, seq, tokens, opts)
+    }
+}
+
+/// One sequence over a model: feed tokens, read logits.
+pub struct Session<'m> {
+    model: &'m mut Model,
+    seq: Sequence,
+}
+
+impl Session<'_> {
+    /// Run `tokens` and return the logits of the last position.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Ok(self
+            .model
+            .executor
+            .step(&mut self.seq, tokens, StepOptions::default())?
+            .logits)
+    }
+    /// Run `tokens` and return what `opts` asks for.
+    pub fn step_with(&mut self, tokens: &[u32], opts: StepOptions) -> Result<StepOutput> {
+        self.model.executor.step(&mut self.seq, tokens, opts)
+    }
+    /// The sequence so far.
+    pub fn sequence(&self) -> &Sequence {
+        &self.seq
+    }
+    /// Rewind to `len` tokens.
+    pub fn truncate(&mut self, len: usize) {
+        self.seq.truncate(len);
+    }
+    /// The model.
+    pub fn model(&self) -> &Model {
+        self.model
+    }
+}

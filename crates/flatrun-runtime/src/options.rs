@@ -1,0 +1,141 @@
+//! Load-time options: backend, threads, residency policy, prefetch, context.
+
+use crate::error::{Result, RuntimeError};
+pub use flatrun_kernels::BackendKind;
+use std::str::FromStr;
+
+/// How much of the model stays resident between uses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Residency {
+    /// Only the executing layer's weights are resident; each layer's pages are
+    /// released (`MADV_DONTNEED`) right after it ran.
+    #[default]
+    Stream,
+    /// Keep as many layers resident as fit in this many bytes (choosing the
+    /// ones that save the most streamed bytes per token), stream the rest.
+    Cap(u64),
+    /// Everything mapped and kept.
+    Resident,
+}
+
+impl FromStr for Residency {
+    type Err = RuntimeError;
+    /// `stream`, `resident`, or `cap=SIZE` with SIZE like `300M`, `1.5G`, `4096`.
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "stream" => Ok(Residency::Stream),
+            "resident" => Ok(Residency::Resident),
+            other => match other.strip_prefix("cap=") {
+                Some(size) => parse_size(size).map(Residency::Cap),
+                None => Err(RuntimeError::Option {
+                    option: "residency",
+                    what: format!("`{other}` (expected stream, resident or cap=SIZE)"),
+                }),
+            },
+        }
+    }
+}
+
+/// Parse `123`, `64K`, `300M`, `1.5G` (binary units) into bytes.
+pub fn parse_size(s: &str) -> Result<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let m = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'B' => 1,
+                _ => 0,
+            };
+            (&s[..i], m)
+        }
+        _ => (s, 1),
+    };
+    let value: f64 = num.trim_end_matches(['i', 'I']).parse().unwrap_or(-1.0);
+    if mult == 0 || !value.is_finite() || value < 0.0 {
+        return Err(RuntimeError::Option {
+            option: "size",
+            what: format!("`{s}` is not a size like 300M or 1.5G"),
+        });
+    }
+    Ok((value * mult as f64) as u64)
+}
+
+/// How the KV cache stores keys and values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KvType {
+    #[default]
+    F16,
+    F32,
+}
+
+impl FromStr for KvType {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f16" => Ok(KvType::F16),
+            "f32" => Ok(KvType::F32),
+            other => Err(RuntimeError::Option {
+                option: "kv-type",
+                what: format!("`{other}` (expected f16 or f32)"),
+            }),
+        }
+    }
+}
+
+/// How upcoming layers are read ahead.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefetch {
+    /// No read-ahead: each layer faults its pages in when it starts.
+    Off,
+    /// A background thread populates layers `i+1 ..= i+depth` while layer
+    /// `i` runs (`MADV_POPULATE_READ`, or `MADV_WILLNEED` where unsupported).
+    Ahead { depth: usize },
+}
+
+impl Default for Prefetch {
+    fn default() -> Self {
+        Prefetch::Ahead { depth: 1 }
+    }
+}
+
+/// Options of [`crate::Model::load`].
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// Kernel implementation.
+    pub backend: BackendKind,
+    /// Worker threads for the kernels (`None`: physical cores).
+    pub threads: Option<usize>,
+    /// Residency policy.
+    pub residency: Residency,
+    /// Read-ahead of upcoming layers.
+    pub prefetch: Prefetch,
+    /// Context size in tokens per sequence (`None`: min(4096, trained)).
+    pub ctx: Option<usize>,
+    /// KV cache element type.
+    pub kv_type: KvType,
+    /// Largest number of tokens pushed through a layer at once; longer
+    /// prompts are split (this also sizes sliding-window ring buffers).
+    pub max_batch: usize,
+    /// Record per-op timings.
+    pub profile: bool,
+    /// Sample RSS and page-cache residency after every layer.
+    pub trace_memory: bool,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            backend: BackendKind::Native,
+            threads: None,
+            residency: Residency::Resident,
+            prefetch: Prefetch::default(),
+            ctx: None,
+            kv_type: KvType::F16,
+            max_batch: 512,
+            profile: false,
+            trace_memory: false,
+        }
+    }
+}

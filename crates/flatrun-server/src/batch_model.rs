@@ -1,0 +1,101 @@
+//! The lower-level model interface the batch scheduler drives.
+//!
+//! A runtime plugs into the server by implementing two traits:
+//!
+//! - [`TextModel`] (shared, `&self`, called from HTTP handlers at any time):
+//!   name, context length, tokenizer, chat template, end-of-generation tokens.
+//! - [`BatchModel`] (owned by the scheduler thread, `&mut self`): sequences
+//!   with their own KV cache, and [`BatchModel::step`], which runs **one pass
+//!   through the layers for every sequence in the batch** and returns the
+//!   logits of each sequence's last new position.
+//!
+//! [`crate::BatchEngine`] turns the pair into an [`crate::Engine`].
+//!
+//! # Contract of `step`
+//!
+//! The scheduler calls `step` with at most one [`StepInput`] per live
+//! sequence. A sequence that is still reading its prompt gets a chunk of it
+//! (up to [`crate::SchedulerConfig::prefill_chunk`] tokens); a decoding
+//! sequence gets the one token sampled at the previous step. The model
+//! appends every given token to that sequence's KV cache (positions continue
+//! where the sequence left off) and returns, in the same order as `batch`,
+//! the logits (`vocab_size` floats) of the last given position for each input
+//! with `logits_needed`, and an empty vector for the others (intermediate
+//! prompt chunks). A streaming runtime should load each layer once per call
+//! and apply it to every sequence of the batch.
+//!
+//! `free` releases the KV cache of a sequence; the scheduler calls it exactly
+//! once per sequence, when the generation ends or its client went away.
+
+use crate::engine::{ChatMessage, SamplingParams};
+use crate::sampler::Sampler;
+
+/// Identifies a sequence (a KV cache) inside a [`BatchModel`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SeqId(pub u64);
+
+/// New tokens of one sequence for one [`BatchModel::step`].
+#[derive(Clone, Copy, Debug)]
+pub struct StepInput<'a> {
+    pub seq: SeqId,
+    /// Tokens to append, at the sequence's next positions.
+    pub tokens: &'a [u32],
+    /// Whether the logits of the last of `tokens` are wanted.
+    pub logits_needed: bool,
+}
+
+/// A failure inside the model (reported to every sequence of the failed step).
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("model error: {0}")]
+pub struct ModelError(pub String);
+
+/// How much of the model's weights is in memory, for `/metrics`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Residency {
+    pub resident_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// The text side of a model: shared by every request handler.
+pub trait TextModel: Send + Sync + 'static {
+    /// The name clients use in the `model` field.
+    fn model_name(&self) -> &str;
+    /// Context length in tokens.
+    fn context_length(&self) -> usize;
+    /// Text to token ids; `add_special` adds BOS where the model wants it.
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ModelError>;
+    /// Token ids to text (invalid UTF-8 replaced by U+FFFD).
+    fn detokenize(&self, tokens: &[u32]) -> Result<String, ModelError>;
+    /// The chat template over `messages`, with the assistant prompt appended.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
+    /// True for tokens that end a generation (EOS, `<|im_end|>`, ...).
+    fn is_end_of_generation(&self, token: u32) -> bool;
+}
+
+/// The compute side of a model: owned by the scheduler thread.
+pub trait BatchModel: Send + 'static {
+    /// Opens a new, empty sequence.
+    fn new_sequence(&mut self) -> Result<SeqId, ModelError>;
+    /// Runs one pass through the layers for the whole batch (see the module
+    /// docs for the contract).
+    fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
+    /// Releases a sequence and its KV cache.
+    fn free(&mut self, seq: SeqId);
+    /// Picks the next token of `seq` from its logits. The default uses the
+    /// server's [`Sampler`] (temperature, top-k, top-p, seeded); a runtime may
+    /// override it to use its own sampler.
+    fn sample(
+        &mut self,
+        seq: SeqId,
+        logits: &[f32],
+        params: &SamplingParams,
+        sampler: &mut Sampler,
+    ) -> u32 {
+        let _ = (seq, params);
+        sampler.sample(logits)
+    }
+    /// Weight residency, if the model tracks it.
+    fn residency(&self) -> Option<Residency> {
+        None
+    }
+}

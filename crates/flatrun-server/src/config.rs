@@ -1,0 +1,45 @@
+//! [`ServerConfig`]: what `flatrun serve` fills from its flags.
+
+use std::time::Duration;
+
+use crate::engine::SamplingParams;
+
+/// Settings of the HTTP server. The batch limits (`--max-seqs`,
+/// `--max-queue`) belong to the engine: see [`crate::SchedulerConfig`].
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Address to bind (`--host`); loopback unless asked otherwise.
+    pub host: String,
+    /// Port to bind (`--port`); 0 picks a free one.
+    pub port: u16,
+    /// When set (`--api-key` or `FLATRUN_API_KEY`), every endpoint but
+    /// `/health` requires it as `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    pub api_key: Option<String>,
+    /// Largest accepted request body in bytes (`--max-body`); larger → 413.
+    pub max_body_bytes: usize,
+    /// Name to serve the model under, instead of the engine's own name.
+    pub served_model_name: Option<String>,
+    /// Sampling used where a request does not say (the CLI's sampling flags).
+    pub default_sampling: SamplingParams,
+    /// Anthropic streams send a `ping` event after this long without output
+    /// (a long prefill).
+    pub ping_interval: Duration,
+    /// On SIGINT/SIGTERM, how long in-flight requests may run before they
+    /// are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            host: "127.0.0.1".to_string(),
+            port: 8080,
+            api_key: None,
+            max_body_bytes: 4 * 1024 * 1024,
+            served_model_name: None,
+            default_sampling: SamplingParams::default(),
+            ping_interval: Duration::from_secs(1),
+            shutdown_grace: Duration::from_secs(10),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! What the HTTP layer needs from a loaded model: the [`Engine`] trait and
+//! the request/event types that cross it.
+//!
+//! The HTTP handlers only translate wire formats onto this trait. The usual
+//! implementation is [`crate::BatchEngine`], a scheduler over a lower-level
+//! [`crate::BatchModel`]; tests use it over [`crate::mock::MockModel`].
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+/// Who said a chat message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+impl Role {
+    /// The lower-case name chat templates use (`system`, `user`, `assistant`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One turn of a conversation, already flattened to plain text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChatMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: content.into(),
+        }
+    }
+}
+
+/// How the next token is chosen from the logits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 (or below) means greedy arg-max.
+    pub temperature: f32,
+    /// Nucleus sampling: keep the smallest set of tokens whose probability
+    /// reaches `top_p` (1.0 keeps everything).
+    pub top_p: f32,
+    /// Keep only the `top_k` most likely tokens (0 keeps everything).
+    pub top_k: usize,
+    /// Seed of the sequence's random generator; `None` draws a fresh one.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    /// The OpenAI and Anthropic defaults: temperature 1, no truncation.
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+        }
+    }
+}
+
+/// One generation to run: an already tokenized prompt and its limits.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Hard cap on generated tokens (the sequence also stops at the context end).
+    pub max_tokens: usize,
+    /// Generation ends when the text contains one of these; the stop string
+    /// itself is not returned.
+    pub stop: Vec<String>,
+}
+
+/// Why a generation ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// The model emitted an end-of-generation token.
+    EndOfText,
+    /// `max_tokens` or the context length was reached.
+    Length,
+    /// The text reached one of the request's stop strings (the one given).
+    StopSequence(String),
+}
+
+/// Token counts of one finished generation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// What a running generation reports, in order: any number of `Token`s, then
+/// exactly one `Finished` or `Failed`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GenerationEvent {
+    /// A generated token and the text it released. The text may be empty
+    /// (an incomplete UTF-8 character, or text held back because it could be
+    /// the start of a stop string) or carry text held back earlier.
+    Token { id: u32, text: String },
+    /// The generation ended normally. `text` is the text still held back
+    /// at the end (an incomplete stop-string prefix), usually empty.
+    Finished {
+        reason: FinishReason,
+        usage: Usage,
+        text: String,
+    },
+    /// The generation was aborted (model error, server shutting down).
+    Failed { message: String },
+}
+
+/// Receiving end of a submitted generation. Dropping it cancels the
+/// generation: the scheduler frees the sequence at its next step.
+#[derive(Debug)]
+pub struct GenerationStream {
+    events: mpsc::UnboundedReceiver<GenerationEvent>,
+    cancelled: Arc<AtomicBool>,
+}
+
+/// Sending end of a generation, held by the engine.
+#[derive(Debug, Clone)]
+pub struct GenerationSink {
+    events: mpsc::UnboundedSender<GenerationEvent>,
+    cancelled: Arc<AtomicBool>,
+}
+
+/// A connected stream/sink pair.
+pub fn generation_channel() -> (GenerationSink, GenerationStream) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let cancelled = Arc::new(AtomicBool::new(false));
+    (
+        GenerationSink {
+            events: tx,
+            cancelled: cancelled.clone(),
+        },
+        GenerationStream {
+            events: rx,
+            cancelled,
+        },
+    )
+}
+
+impl GenerationStream {
+    /// The next event, or `None` once the engine dropped the generation
+    /// (after its last event).
+    pub async fn next_event(&mut self) -> Option<GenerationEvent> {
+        self.events.recv().await
+    }
+
+    /// Collects the whole generation: its text and how it ended.
+    pub async fn collect_text(mut self) -> Result<(String, FinishReason, Usage), String> {
+        let mut text = String::new();
+        while let Some(event) = self.next_event().await {
+            match event {
+                GenerationEvent::Token { text: piece, .. } => text.push_str(&piece),
+                GenerationEvent::Finished {
+                    reason,
+                    usage,
+                    text: rest,
+                } => {
+                    text.push_str(&rest);
+                    return Ok((text, reason, usage));
+                }
+                GenerationEvent::Failed { message } => return Err(message),
+            }
+        }
+        Err("the engine dropped the generation without finishing it".to_string())
+    }
+}
+
+impl Drop for GenerationStream {
+    fn drop(&mut self) {
+        self.cancelled.store(true, Ordering::Release);
+    }
+}
+
+impl GenerationSink {
+    /// Sends an event; returns false when the client is gone.
+    pub fn send(&self, event: GenerationEvent) -> bool {
+        self.events.send(event).is_ok()
+    }
+
+    /// True once the receiving [`GenerationStream`] was dropped.
+    pub fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire) || self.events.is_closed()
+    }
+}
+
+/// Errors an engine reports to the HTTP layer.
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum EngineError {
+    /// Every sequence slot and queue place is taken.
+    #[error("server overloaded: {active} sequences running and {queued} queued (limit {limit})")]
+    QueueFull {
+        active: usize,
+        queued: usize,
+        limit: usize,
+    },
+    /// The prompt plus the requested tokens do not fit the context.
+    #[error("prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens")]
+    ContextOverflow {
+        prompt_tokens: usize,
+        max_tokens: usize,
+        context_length: usize,
+    },
+    /// The request is not usable (empty prompt, invalid sampling value, ...).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// Tokenizer or template failure.
+    #[error("{0}")]
+    Text(String),
+    /// The engine stopped (shutting down, or its scheduler thread ended).
+    #[error("the engine is shutting down")]
+    ShuttingDown,
+}
+
+/// Engine-wide counters for `/metrics`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct EngineStats {
+    /// Sequences currently in the batch.
+    pub active_sequences: usize,
+    /// Admitted requests waiting for a sequence slot.
+    pub queued_requests: usize,
+    /// Prompt tokens evaluated since start.
+    pub prompt_tokens_total: u64,
+    /// Tokens generated since start.
+    pub generated_tokens_total: u64,
+    /// Decode steps run since start (one pass through the layers each).
+    pub steps_total: u64,
+    /// Recent generation throughput over all sequences, tokens per second.
+    pub generated_tokens_per_second: f64,
+    /// Model bytes currently resident (weights in memory), if known.
+    pub resident_bytes: Option<u64>,
+    /// Total model weight bytes, if known.
+    pub model_bytes: Option<u64>,
+}
+
+/// A loaded model as the HTTP server sees it.
+///
+/// Everything is `&self`: handlers call it concurrently. Generation is
+/// asynchronous: [`Engine::submit`] returns at once with a
+/// [`GenerationStream`]; dropping the stream cancels the generation.
+pub trait Engine: Send + Sync + 'static {
+    /// The name clients use in the `model` field.
+    fn model_name(&self) -> &str;
+    /// Context length in tokens (prompt + generated).
+    fn context_length(&self) -> usize;
+    /// Text to token ids. `add_special` adds the model's BOS (or similar)
+    /// where the model wants one.
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, EngineError>;
+    /// Token ids back to text (invalid UTF-8 replaced).
+    fn detokenize(&self, tokens: &[u32]) -> Result<String, EngineError>;
+    /// Renders the chat template over `messages`, ending with the prompt
+    /// for the assistant's next turn.
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError>;
+    /// The prompt tokens for a chat: the rendered template, tokenized.
+    fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let text = self.render_chat(messages)?;
+        self.tokenize(&text, true)
+    }
+    /// Starts a generation, or refuses it at once (queue full, too long).
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError>;
+    /// Counters for `/metrics`.
+    fn stats(&self) -> EngineStats;
+    /// Ends every running and queued generation with
+    /// [`GenerationEvent::Failed`] and refuses new ones.
+    fn shutdown(&self);
+}

@@ -1,0 +1,173 @@
+//! `/metrics`: Prometheus text exposition of the server and engine counters.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::engine::Engine;
+
+/// HTTP-side counters.
+#[derive(Debug)]
+pub struct Metrics {
+    started: Instant,
+    /// (endpoint, status) → count.
+    requests: Mutex<BTreeMap<(String, u16), u64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics {
+            started: Instant::now(),
+            requests: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+/// Resident and peak resident memory of this process, from `/proc/self/status`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProcessMemory {
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+impl ProcessMemory {
+    /// Zeros where `/proc` is unavailable.
+    pub fn read() -> Self {
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+            return ProcessMemory::default();
+        };
+        let field = |name: &str| -> u64 {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| rest.split_whitespace().next())
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .map_or(0, |kb| kb * 1024)
+        };
+        ProcessMemory {
+            rss_bytes: field("VmRSS:"),
+            peak_rss_bytes: field("VmHWM:"),
+        }
+    }
+}
+
+impl Metrics {
+    pub fn record_request(&self, endpoint: &str, status: u16) {
+        if let Ok(mut requests) = self.requests.lock() {
+            *requests.entry((endpoint.to_string(), status)).or_insert(0) += 1;
+        }
+    }
+
+    /// The exposition text; `engine` is `None` while the model loads.
+    pub fn render(&self, engine: Option<&dyn Engine>) -> String {
+        let mut out = String::new();
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let plain = |value: String| vec![(String::new(), value)];
+
+        let requests: Vec<(String, String)> = self
+            .requests
+            .lock()
+            .map(|requests| {
+                requests
+                    .iter()
+                    .map(|((endpoint, status), count)| {
+                        (
+                            format!("{{endpoint=\"{endpoint}\",status=\"{status}\"}}"),
+                            count.to_string(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        metric(
+            "flatrun_requests_total",
+            "counter",
+            "HTTP requests answered, by endpoint and status.",
+            &requests,
+        );
+        metric(
+            "flatrun_model_loaded",
+            "gauge",
+            "1 once the model is loaded and serving.",
+            &plain(u8::from(engine.is_some()).to_string()),
+        );
+        let stats = engine.map(|e| e.stats()).unwrap_or_default();
+        metric(
+            "flatrun_prompt_tokens_total",
+            "counter",
+            "Prompt tokens evaluated (tokens in).",
+            &plain(stats.prompt_tokens_total.to_string()),
+        );
+        metric(
+            "flatrun_generated_tokens_total",
+            "counter",
+            "Tokens generated (tokens out).",
+            &plain(stats.generated_tokens_total.to_string()),
+        );
+        metric(
+            "flatrun_generated_tokens_per_second",
+            "gauge",
+            "Recent generation throughput over all sequences.",
+            &plain(format!("{:.3}", stats.generated_tokens_per_second)),
+        );
+        metric(
+            "flatrun_decode_steps_total",
+            "counter",
+            "Batched steps run (one pass through the layers each).",
+            &plain(stats.steps_total.to_string()),
+        );
+        metric(
+            "flatrun_active_sequences",
+            "gauge",
+            "Sequences in the running batch.",
+            &plain(stats.active_sequences.to_string()),
+        );
+        metric(
+            "flatrun_queue_depth",
+            "gauge",
+            "Requests waiting for a sequence slot.",
+            &plain(stats.queued_requests.to_string()),
+        );
+        if let (Some(resident), Some(total)) = (stats.resident_bytes, stats.model_bytes) {
+            metric(
+                "flatrun_model_resident_bytes",
+                "gauge",
+                "Model weight bytes resident in memory.",
+                &plain(resident.to_string()),
+            );
+            metric(
+                "flatrun_model_bytes",
+                "gauge",
+                "Model weight bytes in total.",
+                &plain(total.to_string()),
+            );
+        }
+        let memory = ProcessMemory::read();
+        metric(
+            "flatrun_process_resident_memory_bytes",
+            "gauge",
+            "Resident set size of the server process.",
+            &plain(memory.rss_bytes.to_string()),
+        );
+        metric(
+            "flatrun_process_peak_resident_memory_bytes",
+            "gauge",
+            "Peak resident set size of the server process.",
+            &plain(memory.peak_rss_bytes.to_string()),
+        );
+        metric(
+            "flatrun_uptime_seconds",
+            "gauge",
+            "Seconds since the server started.",
+            &plain(format!("{:.3}", self.started.elapsed().as_secs_f64())),
+        );
+        out
+    }
+}

@@ -1,0 +1,266 @@
+//! A deterministic stand-in model for testing the HTTP layer and the
+//! scheduler without weights.
+//!
+//! - Vocabulary: one token per byte (ids 0–255), then `<s>` (256, BOS) and
+//!   `</s>` (257, end of generation). Tokenizing is exact and cheap.
+//! - Chat template: `<|system|>\n…\n<|user|>\n…\n<|assistant|>\n`.
+//! - "Weights": after the prompt, the logits favour the bytes of a fixed
+//!   reply, one byte per generated token, then `</s>` (unless the reply
+//!   repeats forever). The favoured token gets logit 8, printable ASCII gets
+//!   a small pseudo-random logit, everything else −∞, so greedy decoding
+//!   returns the reply exactly and sampling with a seed is reproducible.
+//! - Each step sleeps `step_delay` once, whatever the batch size, like a
+//!   streaming runtime whose cost is loading the layers.
+//!
+//! ```
+//! use flatrun_server::mock::{MockConfig, mock_engine};
+//! use flatrun_server::{Engine, GenerationRequest, SamplingParams, SchedulerConfig};
+//!
+//! let (engine, _stats) = mock_engine(MockConfig::default(), SchedulerConfig::default()).unwrap();
+//! let prompt = engine.tokenize("Hi", true).unwrap();
+//! let request = GenerationRequest {
+//!     prompt,
+//!     sampling: SamplingParams { temperature: 0.0, ..Default::default() },
+//!     max_tokens: 5,
+//!     stop: vec![],
+//! };
+//! let stream = engine.submit(request).unwrap();
+//! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! let (text, _reason, usage) = runtime.block_on(stream.collect_text()).unwrap();
+//! assert_eq!(text, "Hello");
+//! assert_eq!(usage.completion_tokens, 5);
+//! ```
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::batch_model::{BatchModel, ModelError, Residency, SeqId, StepInput, TextModel};
+use crate::engine::ChatMessage;
+use crate::scheduler::{BatchEngine, SchedulerConfig};
+
+/// Beginning-of-sequence token of the mock vocabulary.
+pub const BOS: u32 = 256;
+/// End-of-generation token of the mock vocabulary.
+pub const EOS: u32 = 257;
+/// Size of the mock vocabulary.
+pub const VOCAB_SIZE: usize = 258;
+
+/// How the mock behaves.
+#[derive(Clone, Debug)]
+pub struct MockConfig {
+    pub model_name: String,
+    pub context_length: usize,
+    /// The text every answer is made of.
+    pub reply: String,
+    /// Repeat the reply forever instead of ending with `</s>`.
+    pub repeat: bool,
+    /// Sleep of each step (one pass through the "layers").
+    pub step_delay: Duration,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        MockConfig {
+            model_name: "mock".to_string(),
+            context_length: 512,
+            reply: "Hello from the Flatrun mock model.".to_string(),
+            repeat: false,
+            step_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// What the mock observed, for tests.
+#[derive(Debug, Default)]
+pub struct MockStats {
+    /// Sequences opened and not yet freed.
+    pub live_sequences: AtomicUsize,
+    /// Sequences ever opened.
+    pub sequences_opened: AtomicUsize,
+    /// Steps run.
+    pub steps: AtomicU64,
+    /// Largest batch seen in one step.
+    pub max_batch: AtomicUsize,
+}
+
+/// The text side of the mock.
+#[derive(Clone, Debug)]
+pub struct MockText {
+    config: MockConfig,
+}
+
+impl MockText {
+    pub fn new(config: MockConfig) -> Self {
+        MockText { config }
+    }
+}
+
+impl TextModel for MockText {
+    fn model_name(&self) -> &str {
+        &self.config.model_name
+    }
+
+    fn context_length(&self) -> usize {
+        self.config.context_length
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ModelError> {
+        let mut tokens = Vec::with_capacity(text.len() + 1);
+        if add_special {
+            tokens.push(BOS);
+        }
+        tokens.extend(text.bytes().map(u32::from));
+        Ok(tokens)
+    }
+
+    fn detokenize(&self, tokens: &[u32]) -> Result<String, ModelError> {
+        let mut bytes = Vec::with_capacity(tokens.len());
+        for &token in tokens {
+            match token {
+                0..=255 => bytes.push(token as u8),
+                BOS | EOS => {}
+                _ => {
+                    return Err(ModelError(format!(
+                        "token id {token} is outside the vocabulary of {VOCAB_SIZE}"
+                    )))
+                }
+            }
+        }
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        let mut out = String::new();
+        for message in messages {
+            out.push_str(&format!("<|{}|>\n{}\n", message.role.as_str(), message.content));
+        }
+        out.push_str("<|assistant|>\n");
+        Ok(out)
+    }
+
+    fn is_end_of_generation(&self, token: u32) -> bool {
+        token == EOS
+    }
+}
+
+/// Per-sequence state of the mock: how many tokens it was fed.
+#[derive(Debug, Default)]
+struct MockSequence {
+    fed: usize,
+    /// Tokens fed when logits were first asked for (the prompt length).
+    prompt_len: Option<usize>,
+}
+
+/// The compute side of the mock.
+#[derive(Debug)]
+pub struct MockModel {
+    config: MockConfig,
+    sequences: HashMap<SeqId, MockSequence>,
+    next_id: u64,
+    stats: Arc<MockStats>,
+}
+
+impl MockModel {
+    pub fn new(config: MockConfig, stats: Arc<MockStats>) -> Self {
+        MockModel {
+            config,
+            sequences: HashMap::new(),
+            next_id: 0,
+            stats,
+        }
+    }
+
+    /// Logits after `generated` answer tokens of a sequence whose `fed`
+    /// tokens so far are known.
+    fn logits(&self, generated: usize, fed: usize) -> Vec<f32> {
+        let reply = self.config.reply.as_bytes();
+        let target = if reply.is_empty() {
+            EOS
+        } else if self.config.repeat {
+            u32::from(reply[generated % reply.len()])
+        } else {
+            reply.get(generated).map_or(EOS, |&b| u32::from(b))
+        };
+        let mut logits = vec![f32::NEG_INFINITY; VOCAB_SIZE];
+        for (id, logit) in logits.iter_mut().enumerate().take(127).skip(32) {
+            *logit = noise(fed as u64, id as u64) * 2.0;
+        }
+        logits[target as usize] = 8.0;
+        logits
+    }
+}
+
+/// Deterministic pseudo-random value in [0, 1).
+fn noise(a: u64, b: u64) -> f32 {
+    let mut z = a.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ b.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 31)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    ((z >> 40) as f32) / (1u64 << 24) as f32
+}
+
+impl BatchModel for MockModel {
+    fn new_sequence(&mut self) -> Result<SeqId, ModelError> {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.sequences.insert(id, MockSequence::default());
+        self.stats.live_sequences.fetch_add(1, Ordering::SeqCst);
+        self.stats.sequences_opened.fetch_add(1, Ordering::SeqCst);
+        Ok(id)
+    }
+
+    fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        // One "pass through the layers" for the whole batch.
+        if !self.config.step_delay.is_zero() {
+            std::thread::sleep(self.config.step_delay);
+        }
+        self.stats.steps.fetch_add(1, Ordering::SeqCst);
+        self.stats.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
+        let mut out = Vec::with_capacity(batch.len());
+        for input in batch {
+            let sequence = self
+                .sequences
+                .get_mut(&input.seq)
+                .ok_or_else(|| ModelError(format!("unknown sequence {}", input.seq.0)))?;
+            sequence.fed += input.tokens.len();
+            if sequence.fed > self.config.context_length {
+                return Err(ModelError(format!(
+                    "sequence {} overflows the context of {}",
+                    input.seq.0, self.config.context_length
+                )));
+            }
+            if !input.logits_needed {
+                out.push(Vec::new());
+                continue;
+            }
+            let fed = sequence.fed;
+            let prompt_len = *sequence.prompt_len.get_or_insert(fed);
+            out.push(self.logits(fed - prompt_len, fed));
+        }
+        Ok(out)
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        if self.sequences.remove(&seq).is_some() {
+            self.stats.live_sequences.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn residency(&self) -> Option<Residency> {
+        Some(Residency {
+            resident_bytes: 1 << 20,
+            total_bytes: 1 << 20,
+        })
+    }
+}
+
+/// A [`BatchEngine`] over the mock, and the mock's counters.
+pub fn mock_engine(
+    config: MockConfig,
+    scheduler: SchedulerConfig,
+) -> std::io::Result<(BatchEngine, Arc<MockStats>)> {
+    let stats = Arc::new(MockStats::default());
+    let text = Arc::new(MockText::new(config.clone()));
+    let model = MockModel::new(config, stats.clone());
+    Ok((BatchEngine::start(model, text, scheduler)?, stats))
+}

@@ -1,0 +1,630 @@
+//! The batch scheduler: an [`Engine`] over a [`BatchModel`].
+//!
+//! One thread owns the model. Each iteration of its loop:
+//! 1. takes new submissions from a channel (blocking only when idle);
+//! 2. drops sequences whose client went away (their `GenerationStream` was
+//!    dropped) and frees their KV cache;
+//! 3. admits waiting requests while fewer than `max_seqs` sequences run;
+//! 4. runs **one** [`BatchModel::step`] for every running sequence: a prompt
+//!    chunk for those still reading their prompt, the last sampled token for
+//!    the others;
+//! 5. samples a token for each sequence that got logits, detokenizes it,
+//!    checks the stop strings and limits, and sends the events.
+//!
+//! Admission is decided at [`Engine::submit`]: beyond `max_seqs` running and
+//! `max_queue` waiting, a request is refused at once with
+//! [`EngineError::QueueFull`] (the HTTP layer answers 429 / 529).
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel};
+use crate::detokenize::IncrementalDecoder;
+use crate::engine::{
+    generation_channel, ChatMessage, Engine, EngineError, EngineStats, FinishReason,
+    GenerationEvent, GenerationRequest, GenerationSink, GenerationStream, SamplingParams, Usage,
+};
+use crate::sampler::Sampler;
+use crate::stop::{StopMatcher, StopOutcome};
+
+/// Limits of the batch scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Sequences advanced together in one step (`--max-seqs`).
+    pub max_seqs: usize,
+    /// Requests allowed to wait for a slot beyond `max_seqs` (`--max-queue`).
+    pub max_queue: usize,
+    /// Prompt tokens fed per sequence per step, so that a long prompt does
+    /// not stall the sequences already decoding.
+    pub prefill_chunk: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            max_seqs: 4,
+            max_queue: 32,
+            prefill_chunk: 256,
+        }
+    }
+}
+
+/// A submitted request as the scheduler thread sees it.
+struct Job {
+    request: GenerationRequest,
+    sink: GenerationSink,
+}
+
+enum Command {
+    Submit(Job),
+    CancelAll,
+}
+
+/// Counters shared between the scheduler thread and the handlers.
+#[derive(Default)]
+struct Shared {
+    /// Running + waiting requests (the admission count).
+    admitted: AtomicUsize,
+    active: AtomicUsize,
+    queued: AtomicUsize,
+    prompt_tokens_total: AtomicU64,
+    generated_tokens_total: AtomicU64,
+    steps_total: AtomicU64,
+    /// f64 bits of the smoothed tokens/s.
+    tokens_per_second_bits: AtomicU64,
+    /// Milliseconds since `started` of the last step.
+    last_step_ms: AtomicU64,
+    resident_bytes: AtomicU64,
+    model_bytes: AtomicU64,
+    has_residency: AtomicBool,
+    shutting_down: AtomicBool,
+}
+
+/// An [`Engine`] that runs every request through one batched scheduler loop.
+pub struct BatchEngine {
+    text: Arc<dyn TextModel>,
+    config: SchedulerConfig,
+    shared: Arc<Shared>,
+    started: Instant,
+    commands: Mutex<Option<Sender<Command>>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl BatchEngine {
+    /// Starts the scheduler thread over `model`.
+    pub fn start<M: BatchModel>(
+        model: M,
+        text: Arc<dyn TextModel>,
+        config: SchedulerConfig,
+    ) -> std::io::Result<Self> {
+        let config = SchedulerConfig {
+            max_seqs: config.max_seqs.max(1),
+            max_queue: config.max_queue,
+            prefill_chunk: config.prefill_chunk.max(1),
+        };
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(Shared::default());
+        let started = Instant::now();
+        let mut worker = Worker {
+            model,
+            text: text.clone(),
+            config: config.clone(),
+            shared: shared.clone(),
+            started,
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+        };
+        let thread = std::thread::Builder::new()
+            .name("flatrun-scheduler".to_string())
+            .spawn(move || worker.run(rx))?;
+        Ok(BatchEngine {
+            text,
+            config,
+            shared,
+            started,
+            commands: Mutex::new(Some(tx)),
+            thread: Mutex::new(Some(thread)),
+        })
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    fn send(&self, command: Command) -> bool {
+        match self.commands.lock() {
+            Ok(guard) => guard.as_ref().is_some_and(|tx| tx.send(command).is_ok()),
+            Err(_) => false,
+        }
+    }
+
+    /// Reserves a place in the batch or the queue.
+    fn admit(&self) -> Result<(), EngineError> {
+        let limit = self.config.max_seqs + self.config.max_queue;
+        self.shared
+            .admitted
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < limit).then_some(n + 1)
+            })
+            .map(|_| ())
+            .map_err(|_| EngineError::QueueFull {
+                active: self.shared.active.load(Ordering::Relaxed),
+                queued: self.shared.queued.load(Ordering::Relaxed),
+                limit,
+            })
+    }
+}
+
+impl Drop for BatchEngine {
+    fn drop(&mut self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        // Closing the channel ends the worker loop.
+        if let Ok(mut commands) = self.commands.lock() {
+            commands.take();
+        }
+        if let Ok(mut thread) = self.thread.lock() {
+            if let Some(handle) = thread.take() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+fn text_error(e: ModelError) -> EngineError {
+    EngineError::Text(e.0)
+}
+
+impl Engine for BatchEngine {
+    fn model_name(&self) -> &str {
+        self.text.model_name()
+    }
+
+    fn context_length(&self) -> usize {
+        self.text.context_length()
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, EngineError> {
+        self.text.tokenize(text, add_special).map_err(text_error)
+    }
+
+    fn detokenize(&self, tokens: &[u32]) -> Result<String, EngineError> {
+        self.text.detokenize(tokens).map_err(text_error)
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        self.text.render_chat(messages).map_err(text_error)
+    }
+
+    fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError> {
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        validate(&request, self.text.context_length())?;
+        self.admit()?;
+        let (sink, stream) = generation_channel();
+        if !self.send(Command::Submit(Job { request, sink })) {
+            self.shared.admitted.fetch_sub(1, Ordering::AcqRel);
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(stream)
+    }
+
+    fn stats(&self) -> EngineStats {
+        let s = &self.shared;
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let idle = now_ms.saturating_sub(s.last_step_ms.load(Ordering::Relaxed)) > 5_000;
+        let tokens_per_second = if idle {
+            0.0
+        } else {
+            f64::from_bits(s.tokens_per_second_bits.load(Ordering::Relaxed))
+        };
+        let has_residency = s.has_residency.load(Ordering::Relaxed);
+        EngineStats {
+            active_sequences: s.active.load(Ordering::Relaxed),
+            queued_requests: s.queued.load(Ordering::Relaxed),
+            prompt_tokens_total: s.prompt_tokens_total.load(Ordering::Relaxed),
+            generated_tokens_total: s.generated_tokens_total.load(Ordering::Relaxed),
+            steps_total: s.steps_total.load(Ordering::Relaxed),
+            generated_tokens_per_second: tokens_per_second,
+            resident_bytes: has_residency.then(|| s.resident_bytes.load(Ordering::Relaxed)),
+            model_bytes: has_residency.then(|| s.model_bytes.load(Ordering::Relaxed)),
+        }
+    }
+
+    fn shutdown(&self) {
+        self.shared.shutting_down.store(true, Ordering::Release);
+        self.send(Command::CancelAll);
+    }
+}
+
+/// Checks a request against the context before any work.
+fn validate(request: &GenerationRequest, context_length: usize) -> Result<(), EngineError> {
+    if request.prompt.is_empty() {
+        return Err(EngineError::InvalidRequest(
+            "the prompt is empty (no tokens)".to_string(),
+        ));
+    }
+    if request.max_tokens == 0 {
+        return Err(EngineError::InvalidRequest(
+            "max_tokens must be at least 1".to_string(),
+        ));
+    }
+    let SamplingParams {
+        temperature, top_p, ..
+    } = request.sampling;
+    if !temperature.is_finite() || temperature < 0.0 {
+        return Err(EngineError::InvalidRequest(format!(
+            "temperature must be a finite number >= 0, got {temperature}"
+        )));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(EngineError::InvalidRequest(format!(
+            "top_p must be in (0, 1], got {top_p}"
+        )));
+    }
+    if request.prompt.len().saturating_add(request.max_tokens) > context_length {
+        return Err(EngineError::ContextOverflow {
+            prompt_tokens: request.prompt.len(),
+            max_tokens: request.max_tokens,
+            context_length,
+        });
+    }
+    Ok(())
+}
+
+/// A sequence in the running batch.
+struct Running {
+    seq: SeqId,
+    job: Job,
+    /// Prompt tokens already fed to the model.
+    prefilled: usize,
+    /// The last sampled token, fed at the next step.
+    last_token: u32,
+    generated: usize,
+    sampler: Sampler,
+    decoder: IncrementalDecoder,
+    stop: StopMatcher,
+}
+
+impl Running {
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.job.request.prompt.len(),
+            completion_tokens: self.generated,
+        }
+    }
+}
+
+/// What to do with a sequence after a step.
+enum Next {
+    Continue,
+    Finish(FinishReason),
+    Fail(String),
+    Gone,
+}
+
+/// The scheduler thread's state.
+struct Worker<M: BatchModel> {
+    model: M,
+    text: Arc<dyn TextModel>,
+    config: SchedulerConfig,
+    shared: Arc<Shared>,
+    started: Instant,
+    waiting: VecDeque<Job>,
+    active: Vec<Running>,
+}
+
+impl<M: BatchModel> Worker<M> {
+    fn run(&mut self, commands: Receiver<Command>) {
+        loop {
+            // 1. New submissions; block only when there is nothing to run.
+            if self.active.is_empty() && self.waiting.is_empty() {
+                match commands.recv() {
+                    Ok(command) => self.handle(command),
+                    Err(_) => break,
+                }
+            }
+            let mut disconnected = false;
+            loop {
+                match commands.try_recv() {
+                    Ok(command) => self.handle(command),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        disconnected = true;
+                        break;
+                    }
+                }
+            }
+            if disconnected {
+                self.fail_all("the engine was shut down");
+                break;
+            }
+            // 2. Clients that went away.
+            self.drop_cancelled();
+            // 3. Admission.
+            self.admit_waiting();
+            self.publish_counts();
+            // 4-5. One step for the whole batch.
+            if !self.active.is_empty() {
+                self.step();
+            }
+            self.publish_counts();
+        }
+    }
+
+    fn handle(&mut self, command: Command) {
+        match command {
+            Command::Submit(job) => self.waiting.push_back(job),
+            Command::CancelAll => self.fail_all("the server is shutting down"),
+        }
+    }
+
+    fn publish_counts(&self) {
+        self.shared.active.store(self.active.len(), Ordering::Relaxed);
+        self.shared.queued.store(self.waiting.len(), Ordering::Relaxed);
+    }
+
+    /// Releases one admitted request's place.
+    fn release_slot(&self) {
+        self.shared.admitted.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        for job in std::mem::take(&mut self.waiting) {
+            job.sink.send(GenerationEvent::Failed {
+                message: message.to_string(),
+            });
+            self.release_slot();
+        }
+        for running in std::mem::take(&mut self.active) {
+            running.job.sink.send(GenerationEvent::Failed {
+                message: message.to_string(),
+            });
+            self.model.free(running.seq);
+            self.release_slot();
+        }
+        self.publish_counts();
+    }
+
+    fn drop_cancelled(&mut self) {
+        let before = self.waiting.len();
+        self.waiting.retain(|job| !job.sink.is_cancelled());
+        for _ in self.waiting.len()..before {
+            self.release_slot();
+        }
+        let mut index = 0;
+        while index < self.active.len() {
+            if self.active[index].job.sink.is_cancelled() {
+                let running = self.active.swap_remove(index);
+                tracing::debug!(seq = running.seq.0, "client gone: sequence freed");
+                self.model.free(running.seq);
+                self.release_slot();
+            } else {
+                index += 1;
+            }
+        }
+    }
+
+    fn admit_waiting(&mut self) {
+        while self.active.len() < self.config.max_seqs {
+            let Some(job) = self.waiting.pop_front() else {
+                break;
+            };
+            match self.model.new_sequence() {
+                Ok(seq) => {
+                    let sampler = Sampler::new(job.request.sampling.clone());
+                    let stop = StopMatcher::new(&job.request.stop);
+                    self.active.push(Running {
+                        seq,
+                        job,
+                        prefilled: 0,
+                        last_token: 0,
+                        generated: 0,
+                        sampler,
+                        decoder: IncrementalDecoder::new(),
+                        stop,
+                    });
+                }
+                Err(e) => {
+                    job.sink.send(GenerationEvent::Failed {
+                        message: e.to_string(),
+                    });
+                    self.release_slot();
+                }
+            }
+        }
+    }
+
+    fn step(&mut self) {
+        let chunk = self.config.prefill_chunk;
+        let step_started = Instant::now();
+        // The batch: a prompt chunk or the last sampled token per sequence.
+        let result = {
+            let inputs: Vec<StepInput<'_>> = self
+                .active
+                .iter()
+                .map(|running| {
+                    let prompt = &running.job.request.prompt;
+                    if running.prefilled < prompt.len() {
+                        let end = (running.prefilled + chunk).min(prompt.len());
+                        StepInput {
+                            seq: running.seq,
+                            tokens: &prompt[running.prefilled..end],
+                            logits_needed: end == prompt.len(),
+                        }
+                    } else {
+                        StepInput {
+                            seq: running.seq,
+                            tokens: std::slice::from_ref(&running.last_token),
+                            logits_needed: true,
+                        }
+                    }
+                })
+                .collect();
+            let model = &mut self.model;
+            catch_unwind(AssertUnwindSafe(|| model.step(&inputs)))
+                .unwrap_or_else(|_| Err(ModelError("the model panicked during a step".into())))
+        };
+        let logits = match result {
+            Ok(logits) if logits.len() == self.active.len() => logits,
+            Ok(logits) => {
+                let message = format!(
+                    "model returned {} logit rows for a batch of {}",
+                    logits.len(),
+                    self.active.len()
+                );
+                self.fail_all(&message);
+                return;
+            }
+            Err(e) => {
+                tracing::error!("{e}");
+                self.fail_all(&e.to_string());
+                return;
+            }
+        };
+        self.shared.steps_total.fetch_add(1, Ordering::Relaxed);
+
+        // Sample, detokenize and report, sequence by sequence.
+        let mut sampled = 0u64;
+        let mut outcomes = Vec::with_capacity(self.active.len());
+        for (running, row) in self.active.iter_mut().zip(logits) {
+            let prompt_len = running.job.request.prompt.len();
+            if running.prefilled < prompt_len {
+                let end = (running.prefilled + chunk).min(prompt_len);
+                self.shared
+                    .prompt_tokens_total
+                    .fetch_add((end - running.prefilled) as u64, Ordering::Relaxed);
+                running.prefilled = end;
+                if end < prompt_len {
+                    outcomes.push(Next::Continue);
+                    continue;
+                }
+            }
+            if row.is_empty() {
+                outcomes.push(Next::Fail("the model returned no logits".to_string()));
+                continue;
+            }
+            let params = running.job.request.sampling.clone();
+            let token = self
+                .model
+                .sample(running.seq, &row, &params, &mut running.sampler);
+            sampled += 1;
+            outcomes.push(advance(running, token, self.text.as_ref()));
+        }
+        self.shared
+            .generated_tokens_total
+            .fetch_add(sampled, Ordering::Relaxed);
+        self.record_throughput(sampled, step_started);
+
+        // Retire finished sequences (back to front keeps indices valid).
+        for (index, next) in outcomes.into_iter().enumerate().rev() {
+            let event = match next {
+                Next::Continue => continue,
+                Next::Finish(reason) => Some(finish_event(&mut self.active[index], reason, self.text.as_ref())),
+                Next::Fail(message) => Some(GenerationEvent::Failed { message }),
+                Next::Gone => None,
+            };
+            let running = self.active.swap_remove(index);
+            if let Some(event) = event {
+                running.job.sink.send(event);
+            }
+            self.model.free(running.seq);
+            self.release_slot();
+        }
+        if let Some(residency) = self.model.residency() {
+            self.shared
+                .resident_bytes
+                .store(residency.resident_bytes, Ordering::Relaxed);
+            self.shared
+                .model_bytes
+                .store(residency.total_bytes, Ordering::Relaxed);
+            self.shared.has_residency.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn record_throughput(&self, sampled: u64, step_started: Instant) {
+        let seconds = step_started.elapsed().as_secs_f64();
+        if sampled == 0 || seconds <= 0.0 {
+            return;
+        }
+        let instant = sampled as f64 / seconds;
+        let previous = f64::from_bits(self.shared.tokens_per_second_bits.load(Ordering::Relaxed));
+        let now_ms = self.started.elapsed().as_millis() as u64;
+        let stale = now_ms.saturating_sub(self.shared.last_step_ms.load(Ordering::Relaxed)) > 5_000;
+        let smoothed = if previous == 0.0 || stale {
+            instant
+        } else {
+            0.9 * previous + 0.1 * instant
+        };
+        self.shared
+            .tokens_per_second_bits
+            .store(smoothed.to_bits(), Ordering::Relaxed);
+        self.shared.last_step_ms.store(now_ms, Ordering::Relaxed);
+    }
+}
+
+/// Takes a sampled token into a sequence: end of generation, text, stop
+/// strings, limits.
+fn advance(running: &mut Running, token: u32, text: &dyn TextModel) -> Next {
+    // An end-of-generation token ends the answer and is not part of it.
+    if text.is_end_of_generation(token) {
+        return Next::Finish(FinishReason::EndOfText);
+    }
+    running.generated += 1;
+    running.last_token = token;
+    // Its text, held back while it could begin a stop string.
+    let piece = match running.decoder.push(text, token) {
+        Ok(piece) => piece,
+        Err(e) => return Next::Fail(e.to_string()),
+    };
+    let (released, stopped) = match running.stop.push(&piece) {
+        StopOutcome::Continue { released } => (released, None),
+        StopOutcome::Stopped { released, stop } => (released, Some(stop)),
+    };
+    if !running.job.sink.send(GenerationEvent::Token {
+        id: token,
+        text: released,
+    }) {
+        return Next::Gone;
+    }
+    if let Some(stop) = stopped {
+        return Next::Finish(FinishReason::StopSequence(stop));
+    }
+    // Limits: the request's max_tokens, then the context.
+    let request = &running.job.request;
+    if running.generated >= request.max_tokens
+        || request.prompt.len() + running.generated >= text.context_length()
+    {
+        return Next::Finish(FinishReason::Length);
+    }
+    Next::Continue
+}
+
+/// The final event, with any text still held back.
+fn finish_event(running: &mut Running, reason: FinishReason, text: &dyn TextModel) -> GenerationEvent {
+    let mut reason = reason;
+    let mut trailing = String::new();
+    if !matches!(reason, FinishReason::StopSequence(_)) {
+        let rest = running.decoder.flush(text).unwrap_or_default();
+        match running.stop.push(&rest) {
+            StopOutcome::Continue { released } => {
+                trailing = released;
+                trailing.push_str(&running.stop.flush());
+            }
+            StopOutcome::Stopped { released, stop } => {
+                trailing = released;
+                reason = FinishReason::StopSequence(stop);
+            }
+        }
+    }
+    GenerationEvent::Finished {
+        reason,
+        usage: running.usage(),
+        text: trailing,
+    }
+}

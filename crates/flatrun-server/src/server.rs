@@ -1,0 +1,359 @@
+//! The router, the middleware (API key, metrics), the small endpoints
+//! (`/health`, `/metrics`, `/tokenize`, `/detokenize`), and the server's
+//! life cycle: bind, serve, graceful shutdown.
+
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::net::TcpListener;
+
+use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
+use crate::config::ServerConfig;
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use crate::request_body::{parse_json, RawBody};
+use crate::state::{AppState, EngineSlot};
+use crate::{anthropic, openai};
+
+/// Errors that stop the server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        address: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("server I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("model failed to load: {0}")]
+    Load(String),
+}
+
+/// The full router over `state`.
+pub fn router(state: AppState) -> Router {
+    let body_limit = state.config.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/models", get(openai::list_models))
+        .route("/v1/models/{id}", get(openai::get_model))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
+        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(DefaultBodyLimit::max(body_limit))
+        .with_state(state)
+}
+
+/// Refuses requests without the configured API key (`/health` is open).
+async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(expected) = state.config.api_key.as_deref() else {
+        return next.run(request).await;
+    };
+    let path = request.uri().path();
+    if path == "/health" || presented_key(request.headers()) == Some(expected) {
+        return next.run(request).await;
+    }
+    let message = if presented_key(request.headers()).is_some() {
+        "invalid API key"
+    } else {
+        "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
+    };
+    ApiError::new(ApiFlavor::for_path(path), ErrorKind::Authentication, message)
+        .with_code("invalid_api_key")
+        .into_response()
+}
+
+/// The key from `Authorization: Bearer KEY` or `x-api-key: KEY`.
+fn presented_key(headers: &HeaderMap) -> Option<&str> {
+    if let Some(key) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
+        return Some(key.trim());
+    }
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+}
+
+/// Counts answered requests by endpoint and status for `/metrics`.
+async fn count_requests(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
+    let response = next.run(request).await;
+    state
+        .metrics
+        .record_request(&endpoint, response.status().as_u16());
+    response
+}
+
+async fn not_found(request: Request) -> Response {
+    let path = request.uri().path().to_string();
+    ApiError::new(
+        ApiFlavor::for_path(&path),
+        ErrorKind::NotFound,
+        format!("no endpoint {} {path}", request.method()),
+    )
+    .into_response()
+}
+
+async fn method_not_allowed(request: Request) -> Response {
+    let path = request.uri().path().to_string();
+    ApiError::new(
+        ApiFlavor::for_path(&path),
+        ErrorKind::MethodNotAllowed,
+        format!("method {} is not allowed on {path}", request.method()),
+    )
+    .into_response()
+}
+
+/// `GET /health`: 503 while the model loads, 200 after.
+async fn health(State(state): State<AppState>) -> Response {
+    match state.engine.get() {
+        Some(engine) => (
+            StatusCode::OK,
+            Json(json!({"status": "ok", "model": state.model_name(engine.as_ref())})),
+        )
+            .into_response(),
+        None => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response(),
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+async fn metrics(State(state): State<AppState>) -> Response {
+    let text = state
+        .metrics
+        .render(state.engine.get().map(|engine| engine.as_ref()));
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        text,
+    )
+        .into_response()
+}
+
+/// `POST /tokenize` body (llama-server's shape; `text` is accepted too).
+#[derive(Debug, Deserialize)]
+struct TokenizeRequest {
+    #[serde(alias = "text")]
+    content: String,
+    #[serde(default)]
+    add_special: bool,
+}
+
+/// `POST /detokenize` body.
+#[derive(Debug, Deserialize)]
+struct DetokenizeRequest {
+    tokens: Vec<u32>,
+}
+
+async fn tokenize(State(state): State<AppState>, body: RawBody) -> Response {
+    let flavor = ApiFlavor::OpenAi;
+    let result = state.engine(flavor).and_then(|engine| {
+        let request: TokenizeRequest = parse_json(flavor, body)?;
+        engine
+            .tokenize(&request.content, request.add_special)
+            .map_err(|e| ApiError::from_engine(flavor, e))
+    });
+    match result {
+        Ok(tokens) => Json(json!({"tokens": tokens})).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn detokenize(State(state): State<AppState>, body: RawBody) -> Response {
+    let flavor = ApiFlavor::OpenAi;
+    let result = state.engine(flavor).and_then(|engine| {
+        let request: DetokenizeRequest = parse_json(flavor, body)?;
+        engine
+            .detokenize(&request.tokens)
+            .map_err(|e| ApiError::from_engine(flavor, e))
+    });
+    match result {
+        Ok(content) => Json(json!({"content": content})).into_response(),
+        Err(error) => error.into_response(),
+    }
+}
+
+/// A bound server, not yet serving. Lets the caller learn the port (with
+/// port 0) and install the engine later (`/health` is 503 until then).
+pub struct Server {
+    listener: TcpListener,
+    state: AppState,
+}
+
+impl Server {
+    /// Binds `config.host:config.port`.
+    pub async fn bind(config: ServerConfig) -> Result<Server, ServerError> {
+        let address = format!("{}:{}", config.host, config.port);
+        let listener = TcpListener::bind((config.host.as_str(), config.port))
+            .await
+            .map_err(|source| ServerError::Bind {
+                address: address.clone(),
+                source,
+            })?;
+        Ok(Server {
+            listener,
+            state: AppState {
+                engine: EngineSlot::default(),
+                config: Arc::new(config),
+                metrics: Arc::new(Metrics::default()),
+            },
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> Result<SocketAddr, ServerError> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Where to install the engine once it is loaded.
+    pub fn engine_slot(&self) -> EngineSlot {
+        self.state.engine.clone()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets
+    /// in-flight requests finish for `shutdown_grace`, cancels what is left
+    /// (their streams end with an error event) and returns.
+    pub async fn run_until<F>(self, shutdown: F) -> Result<(), ServerError>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let Server { listener, state } = self;
+        let grace = state.config.shutdown_grace;
+        let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
+        let app = router(state.clone());
+        let serving = axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                tracing::info!("shutting down: no new connections");
+                let _ = signalled_tx.send(true);
+            })
+            .into_future();
+        tokio::pin!(serving);
+        // After the signal, wait out the grace period, then cancel.
+        let grace_over = async {
+            while !*signalled_rx.borrow_and_update() {
+                if signalled_rx.changed().await.is_err() {
+                    return;
+                }
+            }
+            tokio::time::sleep(grace).await;
+        };
+        tokio::select! {
+            result = &mut serving => return Ok(result?),
+            _ = grace_over => {}
+        }
+        tracing::info!("grace period over: cancelling in-flight generations");
+        if let Some(engine) = state.engine.get() {
+            engine.shutdown();
+        }
+        match tokio::time::timeout(Duration::from_secs(5), serving).await {
+            Ok(result) => Ok(result?),
+            Err(_) => {
+                tracing::warn!("connections still open 5 s after cancelling: leaving them");
+                Ok(())
+            }
+        }
+    }
+
+    /// Serves until SIGINT or SIGTERM.
+    pub async fn run(self) -> Result<(), ServerError> {
+        self.run_until(shutdown_signal()).await
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate => {}
+    }
+}
+
+/// Serves a loaded engine until SIGINT/SIGTERM.
+pub async fn serve(engine: Arc<dyn Engine>, config: ServerConfig) -> Result<(), ServerError> {
+    let server = Server::bind(config).await?;
+    server.engine_slot().set(engine);
+    tracing::info!("listening on http://{}", server.local_addr()?);
+    server.run().await
+}
+
+/// Binds first, answers `/health` with 503 while `load` runs on a blocking
+/// thread, then serves the engine it returns until SIGINT/SIGTERM. A load
+/// failure stops the server with [`ServerError::Load`].
+pub async fn serve_loading<F>(config: ServerConfig, load: F) -> Result<(), ServerError>
+where
+    F: FnOnce() -> Result<Arc<dyn Engine>, String> + Send + 'static,
+{
+    let server = Server::bind(config).await?;
+    let slot = server.engine_slot();
+    tracing::info!("listening on http://{} (loading the model)", server.local_addr()?);
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
+    tokio::task::spawn_blocking(move || match load() {
+        Ok(engine) => {
+            slot.set(engine);
+            tracing::info!("model loaded");
+        }
+        Err(message) => {
+            let _ = failed_tx.send(message);
+        }
+    });
+    let (load_error_tx, mut load_error_rx) = tokio::sync::oneshot::channel::<String>();
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown_signal() => {}
+            failed = failed_rx => {
+                if let Ok(message) = failed {
+                    let _ = load_error_tx.send(message);
+                } else {
+                    // Loaded fine: wait for the signal.
+                    shutdown_signal().await;
+                }
+            }
+        }
+    };
+    server.run_until(stop).await?;
+    match load_error_rx.try_recv() {
+        Ok(message) => Err(ServerError::Load(message)),
+        Err(_) => Ok(()),
+    }
+}

@@ -1,0 +1,151 @@
+//! Shared state of the handlers: the engine (once loaded), the config, the
+//! metrics, and the request checks common to both APIs.
+
+use std::sync::{Arc, OnceLock};
+
+use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
+use crate::config::ServerConfig;
+use crate::engine::{Engine, GenerationRequest, GenerationStream, SamplingParams};
+use crate::metrics::Metrics;
+
+/// Where the engine appears once loaded; `/health` answers 503 until then.
+#[derive(Clone, Default)]
+pub struct EngineSlot(Arc<OnceLock<Arc<dyn Engine>>>);
+
+impl EngineSlot {
+    /// Installs the loaded engine (only the first call has an effect).
+    pub fn set(&self, engine: Arc<dyn Engine>) {
+        let _ = self.0.set(engine);
+    }
+
+    pub fn get(&self) -> Option<&Arc<dyn Engine>> {
+        self.0.get()
+    }
+}
+
+/// Everything a handler needs.
+#[derive(Clone)]
+pub struct AppState {
+    pub engine: EngineSlot,
+    pub config: Arc<ServerConfig>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Sampling fields a request may set.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SamplingOverrides {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub seed: Option<u64>,
+}
+
+impl AppState {
+    /// The engine, or 503 while it loads.
+    pub fn engine(&self, flavor: ApiFlavor) -> Result<Arc<dyn Engine>, ApiError> {
+        self.engine.get().cloned().ok_or_else(|| {
+            ApiError::new(flavor, ErrorKind::Unavailable, "the model is still loading")
+                .with_code("model_loading")
+        })
+    }
+
+    /// The name the model is served under.
+    pub fn model_name(&self, engine: &dyn Engine) -> String {
+        self.config
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| engine.model_name().to_string())
+    }
+
+    /// Accepts the served name (or no name); anything else is a 404.
+    pub fn check_model(
+        &self,
+        flavor: ApiFlavor,
+        engine: &dyn Engine,
+        requested: Option<&str>,
+    ) -> Result<String, ApiError> {
+        let served = self.model_name(engine);
+        match requested {
+            None | Some("") => Ok(served),
+            Some(name) if name == served => Ok(served),
+            Some(name) => Err(ApiError::new(
+                flavor,
+                ErrorKind::NotFound,
+                format!("model `{name}` not found: this server serves `{served}`"),
+            )
+            .with_code("model_not_found")),
+        }
+    }
+
+    /// Sampling of a request: its own fields over the server's defaults.
+    pub fn sampling(&self, overrides: SamplingOverrides) -> SamplingParams {
+        let defaults = &self.config.default_sampling;
+        SamplingParams {
+            temperature: overrides.temperature.unwrap_or(defaults.temperature),
+            top_p: overrides.top_p.unwrap_or(defaults.top_p),
+            top_k: overrides.top_k.unwrap_or(defaults.top_k),
+            seed: overrides.seed.or(defaults.seed),
+        }
+    }
+
+    /// Checks the limits and submits: context overflow is a 400 before any
+    /// work, a full queue a 429/529. `max_tokens` of `None` means "up to the
+    /// end of the context".
+    pub fn submit(
+        &self,
+        flavor: ApiFlavor,
+        engine: &dyn Engine,
+        prompt: Vec<u32>,
+        max_tokens: Option<u64>,
+        sampling: SamplingParams,
+        stop: Vec<String>,
+    ) -> Result<GenerationStream, ApiError> {
+        let context = engine.context_length();
+        let overflow = |max_tokens: u64| {
+            ApiError::invalid(
+                flavor,
+                format!(
+                    "this model's context is {context} tokens, but the request needs {} \
+                     ({} in the prompt + {max_tokens} max_tokens); shorten the prompt or lower max_tokens",
+                    (prompt.len() as u64).saturating_add(max_tokens),
+                    prompt.len()
+                ),
+            )
+            .with_code("context_length_exceeded")
+        };
+        let max_tokens = match max_tokens {
+            Some(0) => {
+                return Err(ApiError::invalid(flavor, "max_tokens must be at least 1"))
+            }
+            Some(n) if (prompt.len() as u64).saturating_add(n) > context as u64 => {
+                return Err(overflow(n))
+            }
+            Some(n) => n as usize,
+            None if prompt.len() >= context => return Err(overflow(1)),
+            None => context - prompt.len(),
+        };
+        let request = GenerationRequest {
+            prompt,
+            sampling,
+            max_tokens,
+            stop,
+        };
+        engine
+            .submit(request)
+            .map_err(|e| ApiError::from_engine(flavor, e))
+    }
+}
+
+/// Unix time in seconds, for `created` fields.
+pub fn unix_time() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// A short random hex id for responses (`chatcmpl-…`, `msg_…`).
+pub fn random_id() -> String {
+    let mut rng = crate::sampler::SplitMix64::from_entropy();
+    format!("{:016x}{:08x}", rng.next_u64(), rng.next_u64() as u32)
+}
