@@ -63,12 +63,17 @@ fn bench_mlx(c: &mut Criterion) {
         let q = MlxAffine::new(bits, 64, ScaleType::F16).expect("params");
         let n = 1 << 21;
         let packed = random_bytes(q.packed_bytes(n), bits as u64);
-        let scales: Vec<u8> = (0..n / 64).flat_map(|_| half::f16::from_f32(0.01).to_le_bytes()).collect();
+        let scales: Vec<u8> = (0..n / 64)
+            .flat_map(|_| half::f16::from_f32(0.01).to_le_bytes())
+            .collect();
         let mut out = vec![0f32; n];
         let weight_bytes = packed.len() + 2 * scales.len();
         group.throughput(Throughput::Bytes(weight_bytes as u64));
         group.bench_function(BenchmarkId::new("affine_g64_f16", bits), |b| {
-            b.iter(|| q.dequantize(black_box(&packed), &scales, &scales, &mut out).expect("decode"))
+            b.iter(|| {
+                q.dequantize(black_box(&packed), &scales, &scales, &mut out)
+                    .expect("decode")
+            })
         });
     }
     group.finish();

@@ -4,7 +4,7 @@
 use std::ops::Range;
 
 use flatrun_format::GgmlType;
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 
 use crate::blocks::*;
 use crate::error::{DequantError, Result};
@@ -14,33 +14,114 @@ use crate::error::{DequantError, Result};
 macro_rules! with_block_type {
     ($ty:expr, $B:ident => $body:expr, _ => $other:expr) => {
         match $ty {
-            GgmlType::Q4_0 => { type $B = BlockQ4_0; $body }
-            GgmlType::Q4_1 => { type $B = BlockQ4_1; $body }
-            GgmlType::Q5_0 => { type $B = BlockQ5_0; $body }
-            GgmlType::Q5_1 => { type $B = BlockQ5_1; $body }
-            GgmlType::Q8_0 => { type $B = BlockQ8_0; $body }
-            GgmlType::Q8_1 => { type $B = BlockQ8_1; $body }
-            GgmlType::Q2_K => { type $B = BlockQ2K; $body }
-            GgmlType::Q3_K => { type $B = BlockQ3K; $body }
-            GgmlType::Q4_K => { type $B = BlockQ4K; $body }
-            GgmlType::Q5_K => { type $B = BlockQ5K; $body }
-            GgmlType::Q6_K => { type $B = BlockQ6K; $body }
-            GgmlType::Q8_K => { type $B = BlockQ8K; $body }
-            GgmlType::IQ2_XXS => { type $B = BlockIq2Xxs; $body }
-            GgmlType::IQ2_XS => { type $B = BlockIq2Xs; $body }
-            GgmlType::IQ3_XXS => { type $B = BlockIq3Xxs; $body }
-            GgmlType::IQ1_S => { type $B = BlockIq1S; $body }
-            GgmlType::IQ4_NL => { type $B = BlockIq4Nl; $body }
-            GgmlType::IQ3_S => { type $B = BlockIq3S; $body }
-            GgmlType::IQ2_S => { type $B = BlockIq2S; $body }
-            GgmlType::IQ4_XS => { type $B = BlockIq4Xs; $body }
-            GgmlType::IQ1_M => { type $B = BlockIq1M; $body }
-            GgmlType::TQ1_0 => { type $B = BlockTq1_0; $body }
-            GgmlType::TQ2_0 => { type $B = BlockTq2_0; $body }
-            GgmlType::MXFP4 => { type $B = BlockMxfp4; $body }
-            GgmlType::NVFP4 => { type $B = BlockNvfp4; $body }
-            GgmlType::Q1_0 => { type $B = BlockQ1_0; $body }
-            GgmlType::Q2_0 => { type $B = BlockQ2_0; $body }
+            GgmlType::Q4_0 => {
+                type $B = BlockQ4_0;
+                $body
+            }
+            GgmlType::Q4_1 => {
+                type $B = BlockQ4_1;
+                $body
+            }
+            GgmlType::Q5_0 => {
+                type $B = BlockQ5_0;
+                $body
+            }
+            GgmlType::Q5_1 => {
+                type $B = BlockQ5_1;
+                $body
+            }
+            GgmlType::Q8_0 => {
+                type $B = BlockQ8_0;
+                $body
+            }
+            GgmlType::Q8_1 => {
+                type $B = BlockQ8_1;
+                $body
+            }
+            GgmlType::Q2_K => {
+                type $B = BlockQ2K;
+                $body
+            }
+            GgmlType::Q3_K => {
+                type $B = BlockQ3K;
+                $body
+            }
+            GgmlType::Q4_K => {
+                type $B = BlockQ4K;
+                $body
+            }
+            GgmlType::Q5_K => {
+                type $B = BlockQ5K;
+                $body
+            }
+            GgmlType::Q6_K => {
+                type $B = BlockQ6K;
+                $body
+            }
+            GgmlType::Q8_K => {
+                type $B = BlockQ8K;
+                $body
+            }
+            GgmlType::IQ2_XXS => {
+                type $B = BlockIq2Xxs;
+                $body
+            }
+            GgmlType::IQ2_XS => {
+                type $B = BlockIq2Xs;
+                $body
+            }
+            GgmlType::IQ3_XXS => {
+                type $B = BlockIq3Xxs;
+                $body
+            }
+            GgmlType::IQ1_S => {
+                type $B = BlockIq1S;
+                $body
+            }
+            GgmlType::IQ4_NL => {
+                type $B = BlockIq4Nl;
+                $body
+            }
+            GgmlType::IQ3_S => {
+                type $B = BlockIq3S;
+                $body
+            }
+            GgmlType::IQ2_S => {
+                type $B = BlockIq2S;
+                $body
+            }
+            GgmlType::IQ4_XS => {
+                type $B = BlockIq4Xs;
+                $body
+            }
+            GgmlType::IQ1_M => {
+                type $B = BlockIq1M;
+                $body
+            }
+            GgmlType::TQ1_0 => {
+                type $B = BlockTq1_0;
+                $body
+            }
+            GgmlType::TQ2_0 => {
+                type $B = BlockTq2_0;
+                $body
+            }
+            GgmlType::MXFP4 => {
+                type $B = BlockMxfp4;
+                $body
+            }
+            GgmlType::NVFP4 => {
+                type $B = BlockNvfp4;
+                $body
+            }
+            GgmlType::Q1_0 => {
+                type $B = BlockQ1_0;
+                $body
+            }
+            GgmlType::Q2_0 => {
+                type $B = BlockQ2_0;
+                $body
+            }
             GgmlType::F32
             | GgmlType::F16
             | GgmlType::BF16
@@ -64,7 +145,11 @@ pub fn is_supported(ty: GgmlType) -> bool {
 pub fn block_count(ty: GgmlType, len: usize) -> Result<usize> {
     let block_bytes = ty.type_size();
     if block_bytes == 0 || len % block_bytes != 0 {
-        return Err(DequantError::PartialBlock { ty, len, block_bytes });
+        return Err(DequantError::PartialBlock {
+            ty,
+            len,
+            block_bytes,
+        });
     }
     Ok(len / block_bytes)
 }
@@ -112,6 +197,22 @@ fn decode_blocks<B: BlockFormat>(bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// Decode typed blocks into `out` (exactly `blocks.len() * B::BLOCK_ELEMS`
+/// values).
+pub fn dequantize_blocks<B: BlockFormat>(blocks: &[B], out: &mut [f32]) -> Result<()> {
+    if out.len() != blocks.len() * B::BLOCK_ELEMS {
+        return Err(DequantError::OutputSize {
+            what: format!("{} {} blocks", blocks.len(), B::TYPE),
+            expected: blocks.len() * B::BLOCK_ELEMS,
+            got: out.len(),
+        });
+    }
+    for (block, y) in blocks.iter().zip(out.chunks_exact_mut(B::BLOCK_ELEMS)) {
+        block.dequantize(y);
+    }
+    Ok(())
+}
+
 /// Decode plain little-endian scalars of `ty` into `out`.
 fn decode_plain(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     macro_rules! each {
@@ -125,14 +226,29 @@ fn decode_plain(ty: GgmlType, bytes: &[u8], out: &mut [f32]) {
     }
     match ty {
         GgmlType::F32 => each!(4, |b| f32::from_le_bytes(b)),
-        GgmlType::F16 => each!(2, |b| f16::from_le_bytes(b).to_f32()),
-        GgmlType::BF16 => each!(2, |b| bf16::from_le_bytes(b).to_f32()),
+        GgmlType::F16 => decode_halves::<f16>(bytes, out),
+        GgmlType::BF16 => decode_halves::<bf16>(bytes, out),
         GgmlType::F64 => each!(8, |b| f64::from_le_bytes(b) as f32),
         GgmlType::I8 => each!(1, |b| b[0] as i8 as f32),
         GgmlType::I16 => each!(2, |b| i16::from_le_bytes(b) as f32),
         GgmlType::I32 => each!(4, |b| i32::from_le_bytes(b) as f32),
         GgmlType::I64 => each!(8, |b| i64::from_le_bytes(b) as f32),
         _ => {}
+    }
+}
+
+/// Decode little-endian f16/bf16 values through a stack buffer, with `half`'s
+/// slice conversion (which uses F16C / SIMD where the CPU has them).
+fn decode_halves<T>(bytes: &[u8], out: &mut [f32])
+where
+    T: Copy + Default + bytemuck::Pod,
+    [T]: HalfFloatSliceExt,
+{
+    let mut buf = [T::default(); 256];
+    for (raw, dst) in bytes.chunks(2 * buf.len()).zip(out.chunks_mut(buf.len())) {
+        let tmp = &mut buf[..dst.len()];
+        bytemuck::cast_slice_mut::<T, u8>(tmp).copy_from_slice(raw);
+        tmp.convert_to_f32_slice(dst);
     }
 }
 
@@ -176,7 +292,12 @@ pub fn dequantize_to_vec(ty: GgmlType, bytes: &[u8]) -> Result<Vec<f32>> {
 
 /// The byte range of `rows` in a tensor of `bytes.len()` bytes whose rows hold
 /// `row_len` values.
-fn row_span(ty: GgmlType, bytes: &[u8], row_len: usize, rows: &Range<usize>) -> Result<Range<usize>> {
+fn row_span(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_len: usize,
+    rows: &Range<usize>,
+) -> Result<Range<usize>> {
     let rb = row_bytes(ty, row_len)?;
     let n_rows = if rb == 0 {
         0
@@ -225,7 +346,13 @@ pub fn dequantize_rows(
 }
 
 /// Decode row `row` of a tensor (see [`dequantize_rows`]).
-pub fn dequantize_row(ty: GgmlType, bytes: &[u8], row_len: usize, row: usize, out: &mut [f32]) -> Result<()> {
+pub fn dequantize_row(
+    ty: GgmlType,
+    bytes: &[u8],
+    row_len: usize,
+    row: usize,
+    out: &mut [f32],
+) -> Result<()> {
     dequantize_rows(ty, bytes, row_len, row..row.saturating_add(1), out)
 }
 
@@ -234,7 +361,12 @@ pub fn dequantize_row(ty: GgmlType, bytes: &[u8], row_len: usize, row: usize, ou
 const CHUNK: usize = 256;
 
 /// Decode into 16-bit values through a small f32 buffer on the stack.
-fn dequantize_narrow<T>(ty: GgmlType, bytes: &[u8], out: &mut [T], narrow: impl Fn(f32) -> T) -> Result<()> {
+fn dequantize_narrow<T>(
+    ty: GgmlType,
+    bytes: &[u8],
+    out: &mut [T],
+    narrow: impl Fn(f32) -> T,
+) -> Result<()> {
     let n = element_count(ty, bytes.len())?;
     if out.len() != n {
         return Err(DequantError::OutputSize {

@@ -22,9 +22,15 @@ fn encoding(handle: &TensorHandle<'_>) -> Result<Encoding> {
         QuantDescriptor::Ggml(ty) => Ok(Encoding::Ggml(ty)),
         QuantDescriptor::None => match handle.dtype() {
             DType::Ggml(ty) => Ok(Encoding::Ggml(ty)),
-            other => Err(DequantError::Unsupported(format!("storage dtype {other:?}"))),
+            other => Err(DequantError::Unsupported(format!(
+                "storage dtype {other:?}"
+            ))),
         },
-        QuantDescriptor::MlxAffine { bits, group_size, scale_dtype } => Ok(Encoding::Mlx(MlxAffine::new(
+        QuantDescriptor::MlxAffine {
+            bits,
+            group_size,
+            scale_dtype,
+        } => Ok(Encoding::Mlx(MlxAffine::new(
             bits,
             group_size as usize,
             ScaleType::from_dtype(scale_dtype)?,
@@ -63,7 +69,11 @@ pub fn dequantize_handle(handle: &TensorHandle<'_>, out: &mut [f32]) -> Result<(
 /// Decode rows `rows` of a tensor (rows along its last axis) into `out`
 /// (exactly `rows.len() * row_len` values) — for streaming big tensors in
 /// chunks.
-pub fn dequantize_handle_rows(handle: &TensorHandle<'_>, rows: Range<usize>, out: &mut [f32]) -> Result<()> {
+pub fn dequantize_handle_rows(
+    handle: &TensorHandle<'_>,
+    rows: Range<usize>,
+    out: &mut [f32],
+) -> Result<()> {
     let row_len = handle.shape().last().copied().unwrap_or(1);
     let r = match encoding(handle) {
         Ok(Encoding::Ggml(ty)) => dequantize_rows(ty, handle.bytes(), row_len, rows, out),
@@ -80,6 +90,15 @@ pub fn dequantize_handle_rows(handle: &TensorHandle<'_>, rows: Range<usize>, out
             // Rows are whole groups: slice packed data, scales and biases.
             let packed_row = q.packed_bytes(row_len);
             let side_row = row_len / q.group_size * q.scale_type.size();
+            for (what, arr) in [("scales", scales), ("biases", biases)] {
+                if arr.len() != n_rows * side_row {
+                    return Err(DequantError::InputSize {
+                        what: format!("MLX {what} of {n_rows} rows of {row_len}"),
+                        expected: n_rows * side_row,
+                        got: arr.len(),
+                    });
+                }
+            }
             q.dequantize(
                 &handle.bytes()[rows.start * packed_row..rows.end * packed_row],
                 &scales[rows.start * side_row..rows.end * side_row],

@@ -85,7 +85,14 @@ pub fn npy_header_f32(shape: &[usize]) -> Vec<u8> {
     let dims = match shape {
         [] => "()".to_owned(),
         [n] => format!("({n},)"),
-        _ => format!("({})", shape.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "({})",
+            shape
+                .iter()
+                .map(|d| d.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     };
     let mut dict = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {dims}, }}");
     // Magic (6) + version (2) + length (2) + dict + '\n', padded to 64 bytes.
@@ -109,7 +116,10 @@ pub fn write_npy_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
             got: data.len(),
         });
     }
-    let io = |source| DequantError::Io { path: path.to_owned(), source };
+    let io = |source| DequantError::Io {
+        path: path.to_owned(),
+        source,
+    };
     let file = std::fs::File::create(path).map_err(io)?;
     let mut w = std::io::BufWriter::new(file);
     w.write_all(&npy_header_f32(shape)).map_err(io)?;

@@ -44,11 +44,17 @@
 //! # Ok::<(), flatrun_dequant::DequantError>(())
 //! ```
 
+// Block structs are read straight from file bytes: their multi-byte fields
+// are little-endian on disk, so the host must be too.
+#[cfg(target_endian = "big")]
+compile_error!("flatrun-dequant reads little-endian GGML/MLX data in place: big-endian hosts are not supported");
+
 pub mod blocks;
 pub mod decode;
 pub mod error;
 pub mod handle;
 pub mod inspect;
+#[rustfmt::skip]
 pub mod iq_grids;
 pub mod mlx;
 pub mod quantize;

@@ -40,7 +40,9 @@ impl ScaleType {
             DType::Ggml(GgmlType::F16) => Ok(ScaleType::F16),
             DType::Ggml(GgmlType::BF16) => Ok(ScaleType::BF16),
             DType::Ggml(GgmlType::F32) => Ok(ScaleType::F32),
-            other => Err(DequantError::MlxParams(format!("scales of dtype {other:?}"))),
+            other => Err(DequantError::MlxParams(format!(
+                "scales of dtype {other:?}"
+            ))),
         }
     }
 
@@ -75,14 +77,20 @@ impl MlxAffine {
     /// Check the parameters against what MLX supports.
     pub fn new(bits: u8, group_size: usize, scale_type: ScaleType) -> Result<MlxAffine> {
         if !MLX_BITS.contains(&bits) {
-            return Err(DequantError::MlxParams(format!("{bits} bits (supported: {MLX_BITS:?})")));
+            return Err(DequantError::MlxParams(format!(
+                "{bits} bits (supported: {MLX_BITS:?})"
+            )));
         }
         if !MLX_GROUP_SIZES.contains(&group_size) {
             return Err(DequantError::MlxParams(format!(
                 "group size {group_size} (supported: {MLX_GROUP_SIZES:?})"
             )));
         }
-        Ok(MlxAffine { bits, group_size, scale_type })
+        Ok(MlxAffine {
+            bits,
+            group_size,
+            scale_type,
+        })
     }
 
     /// Packed bytes holding `n` values.
@@ -111,7 +119,13 @@ impl MlxAffine {
     /// sum to f16/bf16; for f16/bf16 scales that can differ from this by one
     /// unit in the last place of that dtype. [`MlxAffine::dequantize_like_mlx`]
     /// reproduces MLX bit for bit.
-    pub fn dequantize(&self, packed: &[u8], scales: &[u8], biases: &[u8], out: &mut [f32]) -> Result<()> {
+    pub fn dequantize(
+        &self,
+        packed: &[u8],
+        scales: &[u8],
+        biases: &[u8],
+        out: &mut [f32],
+    ) -> Result<()> {
         self.check(packed, scales, biases, out.len())?;
         self.decode_with(packed, scales, biases, out, |s, q, b| s * q + b);
         Ok(())
@@ -119,7 +133,13 @@ impl MlxAffine {
 
     /// As [`MlxAffine::dequantize`], rounding like MLX: for f16/bf16 scales
     /// the product and the sum are each rounded to the scale dtype.
-    pub fn dequantize_like_mlx(&self, packed: &[u8], scales: &[u8], biases: &[u8], out: &mut [f32]) -> Result<()> {
+    pub fn dequantize_like_mlx(
+        &self,
+        packed: &[u8],
+        scales: &[u8],
+        biases: &[u8],
+        out: &mut [f32],
+    ) -> Result<()> {
         self.check(packed, scales, biases, out.len())?;
         match self.scale_type {
             ScaleType::F32 => self.decode_with(packed, scales, biases, out, |s, q, b| s * q + b),

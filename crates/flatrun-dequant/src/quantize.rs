@@ -38,7 +38,10 @@ fn abs_max_with_sign(x: &[f32]) -> (f32, f32) {
 
 /// Absolute maximum of `x` (`MAX(amax, fabsf(v))`).
 fn abs_max(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |amax, &v| if amax > v.abs() { amax } else { v.abs() })
+    x.iter().fold(
+        0.0f32,
+        |amax, &v| if amax > v.abs() { amax } else { v.abs() },
+    )
 }
 
 /// Minimum and maximum of `x`, starting from ±FLT_MAX.
@@ -81,7 +84,10 @@ impl BlockQuantizer for BlockQ8_0 {
         for (q, &v) in qs.iter_mut().zip(x) {
             *q = (v * id).round() as i8;
         }
-        BlockQ8_0 { d: f16::from_f32(d), qs }
+        BlockQ8_0 {
+            d: f16::from_f32(d),
+            qs,
+        }
     }
 }
 
@@ -117,7 +123,11 @@ impl BlockQuantizer for BlockQ8K {
             }
             (amax, max)
         };
-        let mut block = BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] };
+        let mut block = BlockQ8K {
+            d: 0.0,
+            qs: [0; QK_K],
+            bsums: [0; QK_K / 16],
+        };
         if amax == 0.0 {
             return block;
         }
@@ -147,7 +157,10 @@ impl BlockQuantizer for BlockQ4_0 {
             let q1 = ((x[j + 16] * id + 8.5) as i8).min(15) as u8;
             *q = q0 | (q1 << 4);
         }
-        BlockQ4_0 { d: f16::from_f32(d), qs }
+        BlockQ4_0 {
+            d: f16::from_f32(d),
+            qs,
+        }
     }
 }
 
@@ -163,7 +176,11 @@ impl BlockQuantizer for BlockQ4_1 {
             let q1 = (((x[j + 16] - min) * id + 0.5) as i8).min(15) as u8;
             *q = q0 | (q1 << 4);
         }
-        BlockQ4_1 { d: f16::from_f32(d), m: f16::from_f32(min), qs }
+        BlockQ4_1 {
+            d: f16::from_f32(d),
+            m: f16::from_f32(min),
+            qs,
+        }
     }
 }
 
@@ -183,7 +200,11 @@ impl BlockQuantizer for BlockQ5_0 {
             qh |= ((q0 as u32 & 0x10) >> 4) << j;
             qh |= ((q1 as u32 & 0x10) >> 4) << (j + 16);
         }
-        BlockQ5_0 { d: f16::from_f32(d), qh: qh.to_le_bytes(), qs }
+        BlockQ5_0 {
+            d: f16::from_f32(d),
+            qh: qh.to_le_bytes(),
+            qs,
+        }
     }
 }
 
@@ -223,14 +244,19 @@ impl BlockQuantizer for BlockQ1_0 {
                 qs[j / 8] |= 1 << (j % 8);
             }
         }
-        BlockQ1_0 { d: f16::from_f32(d), qs }
+        BlockQ1_0 {
+            d: f16::from_f32(d),
+            qs,
+        }
     }
 }
 
 impl BlockQuantizer for BlockQ2_0 {
     fn quantize_block(x: &[f32]) -> Self {
         let x = &x[..64];
-        let d = x.iter().fold(0.0f32, |a, v| if v.abs() > a { v.abs() } else { a });
+        let d = x
+            .iter()
+            .fold(0.0f32, |a, v| if v.abs() > a { v.abs() } else { a });
         let id = if d > 0.0 { 1.0 / d } else { 0.0 };
         let mut qs = [0u8; 16];
         for (j, &w) in x.iter().enumerate() {
@@ -238,7 +264,10 @@ impl BlockQuantizer for BlockQ2_0 {
             let q = ((w * id).round() as i32 + 1).clamp(0, 3) as u8;
             qs[j / 4] |= q << (2 * (j % 4));
         }
-        BlockQ2_0 { d: f16::from_f32(d), qs }
+        BlockQ2_0 {
+            d: f16::from_f32(d),
+            qs,
+        }
     }
 }
 
@@ -259,7 +288,9 @@ fn best_index_fp4(x: f32, e: f32) -> u8 {
 impl BlockQuantizer for BlockMxfp4 {
     fn quantize_block(x: &[f32]) -> Self {
         let x = &x[..32];
-        let amax = x.iter().fold(0.0f32, |a, v| if a < v.abs() { v.abs() } else { a });
+        let amax = x
+            .iter()
+            .fold(0.0f32, |a, v| if a < v.abs() { v.abs() } else { a });
         // Shared exponent: two below the exponent of the largest magnitude.
         let e = if amax > 0.0 {
             (amax.log2().floor() - 2.0 + 127.0) as u8
@@ -285,7 +316,11 @@ impl BlockQuantizer for BlockTq1_0 {
         let x = &x[..QK_K];
         let d = abs_max(x);
         let id = inverse(d);
-        let mut block = BlockTq1_0 { qs: [0; 48], qh: [0; 4], d: f16::from_f32(d) };
+        let mut block = BlockTq1_0 {
+            qs: [0; 48],
+            qh: [0; 4],
+            d: f16::from_f32(d),
+        };
         // Five trits per byte, most significant first, then scaled to a
         // fixed-point fraction of 256 (ceiling division by 243).
         let pack = |trits: &mut dyn Iterator<Item = u8>| -> u8 {
@@ -324,7 +359,10 @@ impl BlockQuantizer for BlockTq2_0 {
                 }
             }
         }
-        BlockTq2_0 { qs, d: f16::from_f32(d) }
+        BlockTq2_0 {
+            qs,
+            d: f16::from_f32(d),
+        }
     }
 }
 
@@ -381,7 +419,10 @@ fn quantize_bytes<B: BlockQuantizer>(src: &[f32], dst: &mut [u8]) -> Result<()> 
             got: dst.len(),
         });
     }
-    for (raw, x) in dst.chunks_exact_mut(B::BLOCK_BYTES).zip(src.chunks_exact(B::BLOCK_ELEMS)) {
+    for (raw, x) in dst
+        .chunks_exact_mut(B::BLOCK_BYTES)
+        .zip(src.chunks_exact(B::BLOCK_ELEMS))
+    {
         raw.copy_from_slice(bytemuck::bytes_of(&B::quantize_block(x)));
     }
     Ok(())
@@ -420,7 +461,9 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>(src, dst),
         GgmlType::TQ1_0 => quantize_bytes::<BlockTq1_0>(src, dst),
         GgmlType::TQ2_0 => quantize_bytes::<BlockTq2_0>(src, dst),
-        other => Err(DequantError::Unsupported(format!("{other} (no reference quantizer)"))),
+        other => Err(DequantError::Unsupported(format!(
+            "{other} (no reference quantizer)"
+        ))),
     }
 }
 

@@ -21,7 +21,11 @@ fn partial_blocks_and_wrong_buffers_are_errors() {
     ));
     assert!(matches!(
         dequantize(GgmlType::Q8_0, &bytes, &mut out[..31]),
-        Err(DequantError::OutputSize { expected: 32, got: 31, .. })
+        Err(DequantError::OutputSize {
+            expected: 32,
+            got: 31,
+            ..
+        })
     ));
     assert!(matches!(
         dequantize_rows(GgmlType::Q8_0, &bytes, 48, 0..1, &mut out),
@@ -31,7 +35,9 @@ fn partial_blocks_and_wrong_buffers_are_errors() {
         dequantize_rows(GgmlType::Q8_0, &bytes, 32, 1..2, &mut out),
         Err(DequantError::RowRange { .. })
     ));
-    let msg = dequantize(GgmlType::Q4_K, &[0; 10], &mut out).unwrap_err().to_string();
+    let msg = dequantize(GgmlType::Q4_K, &[0; 10], &mut out)
+        .unwrap_err()
+        .to_string();
     assert!(msg.contains("Q4_K") && msg.contains("144"), "{msg}");
 }
 
@@ -53,12 +59,16 @@ fn rows_decode_like_the_whole_tensor() {
 
 #[test]
 fn f16_and_bf16_outputs_round_the_f32_values() {
-    let x: Vec<f32> = (0..512).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+    let x: Vec<f32> = (0..512)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0)
+        .collect();
     for ty in [GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::Q1_0] {
         let bytes = match quantize_to_vec(ty, &x) {
             Ok(b) => b,
             // Q4_K has no quantizer here: use arbitrary finite blocks.
-            Err(_) => (0..512 / 256 * 144).map(|i| if i % 144 < 4 { 0x10 } else { i as u8 }).collect(),
+            Err(_) => (0..512 / 256 * 144)
+                .map(|i| if i % 144 < 4 { 0x10 } else { i as u8 })
+                .collect(),
         };
         let f = dequantize_to_vec(ty, &bytes).unwrap();
         let mut h = vec![f16::ZERO; f.len()];
@@ -76,13 +86,22 @@ fn f16_and_bf16_outputs_round_the_f32_values() {
 fn plain_types_decode() {
     let v = [1.5f32, -2.25, 0.0, 65504.0];
     let f32_bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    let f16_bytes: Vec<u8> = v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect();
-    let bf16_bytes: Vec<u8> = v.iter().flat_map(|x| bf16::from_f32(*x).to_le_bytes()).collect();
+    let f16_bytes: Vec<u8> = v
+        .iter()
+        .flat_map(|x| f16::from_f32(*x).to_le_bytes())
+        .collect();
+    let bf16_bytes: Vec<u8> = v
+        .iter()
+        .flat_map(|x| bf16::from_f32(*x).to_le_bytes())
+        .collect();
     assert_eq!(dequantize_to_vec(GgmlType::F32, &f32_bytes).unwrap(), v);
     assert_eq!(dequantize_to_vec(GgmlType::F16, &f16_bytes).unwrap(), v);
     let b = dequantize_to_vec(GgmlType::BF16, &bf16_bytes).unwrap();
     assert_eq!(b[..3], v[..3]);
-    assert_eq!(dequantize_to_vec(GgmlType::I16, &(-7i16).to_le_bytes()).unwrap(), [-7.0]);
+    assert_eq!(
+        dequantize_to_vec(GgmlType::I16, &(-7i16).to_le_bytes()).unwrap(),
+        [-7.0]
+    );
 }
 
 #[test]
@@ -90,7 +109,11 @@ fn validate_reports_non_finite_scales_with_offsets() {
     let mut bytes = q8_0_block(1.0, 0);
     bytes.extend(q8_0_block(f32::INFINITY, 0));
     match validate(GgmlType::Q8_0, &bytes) {
-        Err(DequantError::NonFiniteScale { block: 1, offset: 34, .. }) => {}
+        Err(DequantError::NonFiniteScale {
+            block: 1,
+            offset: 34,
+            ..
+        }) => {}
         other => panic!("{other:?}"),
     }
     assert!(validate(GgmlType::Q8_0, &bytes[..34]).is_ok());
@@ -137,11 +160,23 @@ fn block_constants_agree_with_the_type_table() {
     check::<BlockQ1_0>();
     check::<BlockQ2_0>();
     assert_eq!(<BlockQ4_1 as BlockFormat>::DotPartner::TYPE, GgmlType::Q8_1);
-    assert_eq!(<BlockIq4Xs as BlockFormat>::DotPartner::TYPE, GgmlType::Q8_K);
-    assert_eq!(<BlockIq4Nl as BlockFormat>::DotPartner::TYPE, GgmlType::Q8_0);
+    assert_eq!(
+        <BlockIq4Xs as BlockFormat>::DotPartner::TYPE,
+        GgmlType::Q8_K
+    );
+    assert_eq!(
+        <BlockIq4Nl as BlockFormat>::DotPartner::TYPE,
+        GgmlType::Q8_0
+    );
 }
 
-fn info(name: &str, shape: Vec<usize>, dtype: DType, quant: QuantDescriptor, bytes: usize) -> TensorInfo {
+fn info(
+    name: &str,
+    shape: Vec<usize>,
+    dtype: DType,
+    quant: QuantDescriptor,
+    bytes: usize,
+) -> TensorInfo {
     TensorInfo {
         name: name.into(),
         original_name: name.into(),
@@ -159,7 +194,13 @@ fn handles_dispatch_on_the_quant_descriptor() {
     // GGML Q8_0, 2 rows of 32.
     let mut bytes = q8_0_block(0.5, 1);
     bytes.extend(q8_0_block(2.0, -5));
-    let ti = info("w", vec![2, 32], DType::Ggml(GgmlType::Q8_0), QuantDescriptor::Ggml(GgmlType::Q8_0), bytes.len());
+    let ti = info(
+        "w",
+        vec![2, 32],
+        DType::Ggml(GgmlType::Q8_0),
+        QuantDescriptor::Ggml(GgmlType::Q8_0),
+        bytes.len(),
+    );
     let h = TensorHandle::new(&ti, &bytes, vec![]);
     let all = dequantize_handle_to_vec(&h).unwrap();
     assert_eq!(all, dequantize_to_vec(GgmlType::Q8_0, &bytes).unwrap());
@@ -169,9 +210,19 @@ fn handles_dispatch_on_the_quant_descriptor() {
 
     // MLX 4-bit, group 32, f16 scales: 2 rows of 64.
     let packed: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(29)).collect();
-    let scales: Vec<u8> = [0.5f32, 1.0, -0.25, 2.0].iter().flat_map(|s| f16::from_f32(*s).to_le_bytes()).collect();
-    let biases: Vec<u8> = [1.0f32, 0.0, 0.5, -3.0].iter().flat_map(|s| f16::from_f32(*s).to_le_bytes()).collect();
-    let quant = QuantDescriptor::MlxAffine { bits: 4, group_size: 32, scale_dtype: DType::Ggml(GgmlType::F16) };
+    let scales: Vec<u8> = [0.5f32, 1.0, -0.25, 2.0]
+        .iter()
+        .flat_map(|s| f16::from_f32(*s).to_le_bytes())
+        .collect();
+    let biases: Vec<u8> = [1.0f32, 0.0, 0.5, -3.0]
+        .iter()
+        .flat_map(|s| f16::from_f32(*s).to_le_bytes())
+        .collect();
+    let quant = QuantDescriptor::MlxAffine {
+        bits: 4,
+        group_size: 32,
+        scale_dtype: DType::Ggml(GgmlType::F16),
+    };
     let ti = info("m", vec![2, 64], DType::U32, quant, packed.len());
     let h = TensorHandle::new(&ti, &packed, vec![("scales", &scales), ("biases", &biases)]);
     let all = dequantize_handle_to_vec(&h).unwrap();
@@ -202,7 +253,9 @@ fn stats_and_npy() {
     assert_eq!(header.len() % 64, 0);
     assert!(header.starts_with(b"\x93NUMPY\x01\x00"));
     let text = String::from_utf8_lossy(&header[10..]);
-    assert!(text.contains("'descr': '<f4'") && text.contains("'shape': (2, 3)") && text.ends_with('\n'));
+    assert!(
+        text.contains("'descr': '<f4'") && text.contains("'shape': (2, 3)") && text.ends_with('\n')
+    );
     assert!(String::from_utf8_lossy(&inspect::npy_header_f32(&[7])).contains("(7,)"));
 
     let dir = tempfile::tempdir().unwrap();
@@ -211,6 +264,9 @@ fn stats_and_npy() {
     write_npy_f32(&path, &[2, 3], &data).unwrap();
     let bytes = std::fs::read(&path).unwrap();
     assert_eq!(bytes.len(), header.len() + 24);
-    assert_eq!(&bytes[header.len()..header.len() + 4], &1.0f32.to_le_bytes());
+    assert_eq!(
+        &bytes[header.len()..header.len() + 4],
+        &1.0f32.to_le_bytes()
+    );
     assert!(write_npy_f32(&path, &[4], &data).is_err());
 }

@@ -9,7 +9,11 @@ use flatrun_dequant::{dequantize, dequantize_to_vec};
 #[test]
 fn random_bytes_decode_like_ggml() {
     let recs = records("blocks.txt", "random");
-    assert!(recs.len() >= 26, "expected every block type, got {}", recs.len());
+    assert!(
+        recs.len() >= 26,
+        "expected every block type, got {}",
+        recs.len()
+    );
     let mut failures = Vec::new();
     for r in &recs {
         let ty = ggml_type(&r[0]);
@@ -27,7 +31,11 @@ fn random_bytes_decode_like_ggml() {
         let mut shifted = vec![0u8; bytes.len() + 1];
         shifted[1..].copy_from_slice(&bytes);
         let again = dequantize_to_vec(ty, &shifted[1..]).unwrap();
-        assert_eq!(checksum_f32(&again, 0), got, "{ty}: unaligned decode differs");
+        assert_eq!(
+            checksum_f32(&again, 0),
+            got,
+            "{ty}: unaligned decode differs"
+        );
     }
     assert!(failures.is_empty(), "{failures:#?}");
 }

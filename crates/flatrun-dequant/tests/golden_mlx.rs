@@ -24,10 +24,19 @@ fn mlx_affine_matches_mlx() {
         let f32_sum = u64::from_str_radix(&r[7], 16).unwrap();
         let q = MlxAffine::new(bits, group, scale_type).unwrap();
         let mut out = vec![0f32; 512];
-        q.dequantize_like_mlx(&packed, &scales, &biases, &mut out).unwrap();
-        assert_eq!(checksum_f32(&out, 0), mlx_sum, "{bits} bits, group {group}, {scale_type:?}: like-MLX");
+        q.dequantize_like_mlx(&packed, &scales, &biases, &mut out)
+            .unwrap();
+        assert_eq!(
+            checksum_f32(&out, 0),
+            mlx_sum,
+            "{bits} bits, group {group}, {scale_type:?}: like-MLX"
+        );
         q.dequantize(&packed, &scales, &biases, &mut out).unwrap();
-        assert_eq!(checksum_f32(&out, 0), f32_sum, "{bits} bits, group {group}, {scale_type:?}: f32");
+        assert_eq!(
+            checksum_f32(&out, 0),
+            f32_sum,
+            "{bits} bits, group {group}, {scale_type:?}: f32"
+        );
     }
 }
 
@@ -40,6 +49,8 @@ fn mlx_rejects_bad_parameters_and_sizes() {
     // 16 packed bytes = 32 values = one group: scales must be 2 bytes.
     assert!(q.dequantize(&[0; 16], &[0; 4], &[0; 2], &mut out).is_err());
     assert!(q.dequantize(&[0; 15], &[0; 2], &[0; 2], &mut out).is_err());
-    assert!(q.dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out[..31]).is_err());
+    assert!(q
+        .dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out[..31])
+        .is_err());
     q.dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out).unwrap();
 }

@@ -29,7 +29,10 @@ fn quantizers_match_ggml_ref() {
             ));
         } else if checksum_bytes(&bytes) != expected {
             let size = ty.type_size();
-            failures.push(format!("{ty}: checksum differs (first block equal, {} blocks)", bytes.len() / size));
+            failures.push(format!(
+                "{ty}: checksum differs (first block equal, {} blocks)",
+                bytes.len() / size
+            ));
         }
         checked += 1;
     }

@@ -23,9 +23,12 @@ const REAL_MODELS: &[&str] = &[
 ];
 
 fn requant_dir() -> PathBuf {
-    std::env::var_os("FLATRUN_REQUANT").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/requant")
-    })
+    std::env::var_os("FLATRUN_REQUANT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/requant")
+        })
 }
 
 /// Decode one tensor in chunks of rows and checksum it.
@@ -58,7 +61,11 @@ fn whole_tensors_match_ggml() {
     let mut checked_types = std::collections::BTreeSet::new();
     for (file, recs) in &by_file {
         let is_real = REAL_MODELS.contains(&file.as_str());
-        let path = if is_real { models_dir().join(file) } else { requant_dir().join(file) };
+        let path = if is_real {
+            models_dir().join(file)
+        } else {
+            requant_dir().join(file)
+        };
         if !path.exists() {
             if is_real && require_models() {
                 panic!("{} missing and FLATRUN_REQUIRE_MODELS=1", path.display());
@@ -71,10 +78,16 @@ fn whole_tensors_match_ggml() {
         for r in recs {
             let (name, ty) = (&r[1], ggml_type(&r[2]));
             let expected = u64::from_str_radix(&r[4], 16).unwrap();
-            let t = tensors.iter().find(|t| &t.name == name).unwrap_or_else(|| panic!("{file}: no {name}"));
+            let t = tensors
+                .iter()
+                .find(|t| &t.name == name)
+                .unwrap_or_else(|| panic!("{file}: no {name}"));
             assert_eq!(t.type_id, ty.id(), "{file} {name}: type");
             let got = tensor_checksum(&mut f, t, ty);
-            assert_eq!(got, expected, "{file} {name} ({ty}): checksum {got:016x}, ggml {expected:016x}");
+            assert_eq!(
+                got, expected,
+                "{file} {name} ({ty}): checksum {got:016x}, ggml {expected:016x}"
+            );
             checked_types.insert(ty);
         }
         eprintln!("{file}: {} tensors bit-exact", recs.len());

@@ -22,9 +22,9 @@ pub(crate) fn check_extents(path: &Path, tensors: &[TensorInfo], file_len: u64) 
                 return Err(bad(
                     t,
                     format!(
-                        "data at byte {} ({} bytes) runs past the end of the file ({file_len} bytes)",
-                        t.offset, t.byte_size
-                    ),
+                    "data at byte {} ({} bytes) runs past the end of the file ({file_len} bytes)",
+                    t.offset, t.byte_size
+                ),
                 ))
             }
         }

@@ -107,7 +107,11 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
     let kv_count = r.u64(&|| "metadata key/value count".into())?;
     let needed = tensor_count
         .checked_mul(MIN_TENSOR_INFO_BYTES)
-        .and_then(|t| kv_count.checked_mul(MIN_KV_BYTES).and_then(|k| t.checked_add(k)));
+        .and_then(|t| {
+            kv_count
+                .checked_mul(MIN_KV_BYTES)
+                .and_then(|k| t.checked_add(k))
+        });
     if needed.is_none_or(|n| n > r.remaining() as u64) {
         return Err(FormatError::Truncated {
             path: path.to_path_buf(),
@@ -161,7 +165,9 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
             what,
         };
         if seen_names.insert(name.clone(), ()).is_some() {
-            return Err(bad(format!("duplicate tensor name (entry at byte {entry_offset})")));
+            return Err(bad(format!(
+                "duplicate tensor name (entry at byte {entry_offset})"
+            )));
         }
         let n_dims = r.u32(&|| format!("n_dims of tensor `{name}`"))?;
         if n_dims > MAX_DIMS {
@@ -191,9 +197,11 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
                 ggml_type.block_size()
             )));
         }
-        let byte_size = ggml_type
-            .bytes_for(n_elements)
-            .ok_or_else(|| bad(format!("byte size of {n_elements} {ggml_type} values overflows")))?;
+        let byte_size = ggml_type.bytes_for(n_elements).ok_or_else(|| {
+            bad(format!(
+                "byte size of {n_elements} {ggml_type} values overflows"
+            ))
+        })?;
         if relative_offset % alignment != 0 {
             return Err(bad(format!(
                 "data offset {relative_offset} is not a multiple of the alignment {alignment}"
@@ -229,11 +237,13 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
         .checked_next_multiple_of(alignment)
         .ok_or_else(|| r.invalid_at(end_of_infos, "data section offset overflows"))?;
     for (t, rel) in tensors.iter_mut().zip(relative_offsets) {
-        t.offset = data_offset.checked_add(rel).ok_or_else(|| FormatError::BadTensor {
-            path: path.to_path_buf(),
-            tensor: t.original_name.clone(),
-            what: format!("offset {rel} overflows"),
-        })?;
+        t.offset = data_offset
+            .checked_add(rel)
+            .ok_or_else(|| FormatError::BadTensor {
+                path: path.to_path_buf(),
+                tensor: t.original_name.clone(),
+                what: format!("offset {rel} overflows"),
+            })?;
     }
     crate::backend_support::dedupe_canonical_names(&mut tensors);
 
@@ -273,21 +283,34 @@ fn read_value(r: &mut ByteReader<'_>, type_id: u32, key: &str, depth: usize) -> 
             match r.u8(&what)? {
                 0 => MetaValue::Bool(false),
                 1 => MetaValue::Bool(true),
-                b => return Err(r.invalid_at(offset, format!("`{key}`: bool byte {b} is not 0 or 1"))),
+                b => {
+                    return Err(
+                        r.invalid_at(offset, format!("`{key}`: bool byte {b} is not 0 or 1"))
+                    )
+                }
             }
         }
         STRING => MetaValue::String(r.string(&what)?),
         ARRAY => {
             let start = r.position();
             if depth >= MAX_ARRAY_DEPTH {
-                return Err(r.invalid_at(start, format!("`{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}")));
+                return Err(r.invalid_at(
+                    start,
+                    format!("`{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH}"),
+                ));
             }
             let element_type = r.u32(&|| format!("element type of `{key}`"))?;
             let count = r.u64(&|| format!("element count of `{key}`"))?;
             let min = min_value_bytes(element_type).ok_or_else(|| {
-                r.invalid_at(start, format!("`{key}`: unknown array element type {element_type}"))
+                r.invalid_at(
+                    start,
+                    format!("`{key}`: unknown array element type {element_type}"),
+                )
             })?;
-            if count.checked_mul(min).is_none_or(|n| n > r.remaining() as u64) {
+            if count
+                .checked_mul(min)
+                .is_none_or(|n| n > r.remaining() as u64)
+            {
                 return Err(FormatError::Truncated {
                     path: r.path().to_path_buf(),
                     offset: start,
@@ -358,6 +381,9 @@ impl StorageBackend for GgufBackend {
     }
     fn tensors(&self) -> &[TensorInfo] {
         &self.header.tensors
+    }
+    fn format_version(&self) -> Option<u32> {
+        Some(self.header.version)
     }
     fn tensor(&self, name: &str) -> Result<TensorHandle<'_>> {
         let info = self

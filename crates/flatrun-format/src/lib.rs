@@ -5,7 +5,37 @@
 //! cheap [`TensorHandle`]s whose bytes are borrowed from a memory mapping and
 //! touched only when viewed.
 //!
-//! (API skeleton: the backends are filled in by the storage issue.)
+//! | format | backend | picked for |
+//! |---|---|---|
+//! | GGUF v2/v3 | [`GgufBackend`] | a `.gguf` file |
+//! | SafeTensors | [`SafetensorsBackend`] | a `.safetensors` file, or a directory with `model.safetensors` |
+//! | sharded SafeTensors | [`MultiBackend`] | a directory with `model.safetensors.index.json` |
+//! | MLX | [`MlxBackend`] | a directory whose `config.json` has `quantization` |
+//!
+//! [`open`] picks the backend from the path ([`registry`]). Every file is
+//! mapped once, read-only; hostile input gives a [`FormatError`] naming the
+//! file, tensor or key and byte offset, never a panic.
+//!
+//! ```
+//! use flatrun_format::{DType, GgmlType, StorageBackend};
+//!
+//! let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/synthetic.gguf");
+//! let backend = flatrun_format::open(&path)?;
+//! assert_eq!(backend.name(), "gguf");
+//!
+//! // Typed metadata getters; `require_*` names the missing key.
+//! assert_eq!(backend.metadata().require_str("general.architecture")?, "llama");
+//! assert_eq!(backend.metadata().get_u64("llama.block_count"), Some(1));
+//!
+//! // Canonical names: `token_embd.weight` is `embed`, shapes are row-major.
+//! let embed = backend.tensor("embed")?;
+//! assert_eq!(embed.shape(), &[2, 3]);
+//! assert_eq!(embed.dtype(), DType::Ggml(GgmlType::F32));
+//! let first = f32::from_le_bytes(embed.bytes()[..4].try_into().unwrap());
+//! assert_eq!(first, 0.0);
+//! embed.close(); // ≥ 1 MiB handles give their pages back here
+//! # Ok::<(), flatrun_format::FormatError>(())
+//! ```
 
 pub mod ggml_type;
 pub use ggml_type::{GgmlType, TypeTraits};
@@ -15,9 +45,9 @@ mod byte_reader;
 pub mod gguf;
 pub mod mapped_file;
 pub mod metadata;
-pub mod names;
 pub mod mlx_backend;
 pub mod multi_backend;
+pub mod names;
 pub mod registry;
 pub mod safetensors_backend;
 pub mod shard_index;
@@ -26,9 +56,9 @@ pub mod tensor_index;
 pub use gguf::GgufBackend;
 pub use mlx_backend::MlxBackend;
 pub use multi_backend::MultiBackend;
-pub use safetensors_backend::SafetensorsBackend;
 pub use names::canonical_layer_index;
 pub use registry::open;
+pub use safetensors_backend::SafetensorsBackend;
 
 use std::path::{Path, PathBuf};
 
@@ -200,6 +230,10 @@ pub trait StorageBackend: Send + Sync {
                 handle.prefetch();
             }
         }
+    }
+    /// Version of the container format where it has one (GGUF: 2 or 3).
+    fn format_version(&self) -> Option<u32> {
+        None
     }
     /// Total bytes of all tensors (main data plus companion parts).
     fn total_bytes(&self) -> u64 {

@@ -160,15 +160,27 @@ impl Metadata {
     }
     /// An array whose elements are all strings.
     pub fn get_str_array(&self, key: &str) -> Option<Vec<&str>> {
-        self.get(key)?.as_array()?.iter().map(MetaValue::as_str).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_str)
+            .collect()
     }
     /// An array whose elements are all numeric.
     pub fn get_f32_array(&self, key: &str) -> Option<Vec<f32>> {
-        self.get(key)?.as_array()?.iter().map(MetaValue::as_f32).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_f32)
+            .collect()
     }
     /// An array whose elements are all integers fitting `i32`.
     pub fn get_i32_array(&self, key: &str) -> Option<Vec<i32>> {
-        self.get(key)?.as_array()?.iter().map(MetaValue::as_i32).collect()
+        self.get(key)?
+            .as_array()?
+            .iter()
+            .map(MetaValue::as_i32)
+            .collect()
     }
     /// Length of the array under `key`.
     pub fn get_array_len(&self, key: &str) -> Option<usize> {
@@ -238,9 +250,15 @@ mod tests {
         m.push("flag", MetaValue::Bool(true));
         m.push(
             "tokens",
-            MetaValue::Array(vec![MetaValue::String("a".into()), MetaValue::String("b".into())]),
+            MetaValue::Array(vec![
+                MetaValue::String("a".into()),
+                MetaValue::String("b".into()),
+            ]),
         );
-        m.push("types", MetaValue::Array(vec![MetaValue::I32(1), MetaValue::U8(3)]));
+        m.push(
+            "types",
+            MetaValue::Array(vec![MetaValue::I32(1), MetaValue::U8(3)]),
+        );
         m
     }
 

@@ -61,7 +61,16 @@ impl MlxQuantConfig {
             .map(|o| {
                 o.iter()
                     .filter(|(_, v)| v.is_object() || v.is_boolean())
-                    .map(|(k, v)| (k.clone(), if v.is_object() { parse_quantization(v) } else { None }))
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            if v.is_object() {
+                                parse_quantization(v)
+                            } else {
+                                None
+                            },
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -82,7 +91,10 @@ impl MlxQuantConfig {
 pub fn is_mlx_directory(dir: &Path) -> bool {
     dir.is_dir()
         && crate::shard_index::has_safetensors(dir)
-        && read_config(dir).ok().and_then(|c| MlxQuantConfig::from_config(&c)).is_some()
+        && read_config(dir)
+            .ok()
+            .and_then(|c| MlxQuantConfig::from_config(&c))
+            .is_some()
 }
 
 fn read_config(dir: &Path) -> Result<serde_json::Value> {
@@ -126,7 +138,10 @@ impl MlxBackend {
         let config = read_config(dir)?;
         let quant = MlxQuantConfig::from_config(&config).ok_or_else(|| FormatError::Metadata {
             key: "quantization".into(),
-            what: format!("{}: config.json has no quantization {{group_size, bits}}", dir.display()),
+            what: format!(
+                "{}: config.json has no quantization {{group_size, bits}}",
+                dir.display()
+            ),
         })?;
         let family = HfFamily::from_config(&config);
         let shards = list_shards(dir)?;
@@ -191,12 +206,27 @@ impl MlxBackend {
             .ok_or_else(|| FormatError::BadTensor {
                 path: self.files.get(file_index).cloned().unwrap_or_default(),
                 tensor: tensor.to_string(),
-                what: format!("bytes {offset}..{} lie outside the file", offset.saturating_add(len)),
+                what: format!(
+                    "bytes {offset}..{} lie outside the file",
+                    offset.saturating_add(len)
+                ),
             })
     }
 }
 
-/// Fold each `X.weight` + `X.scales` + `X.biases` triple into one tensor.
+/// Fold each `X.weight` + `X.scales` + `X.biases` triple of `raw` (tensors
+/// under their original names) into one logical tensor, checking shapes
+/// and dtypes. Files are not touched; used by [`MlxBackend::open`] and the
+/// fuzz target.
+pub fn fold_quantized_tensors(
+    dir: &Path,
+    raw: &[TensorInfo],
+    quant: &MlxQuantConfig,
+) -> Result<Vec<TensorInfo>> {
+    group_quantized(dir, raw, quant).map(|(tensors, _)| tensors)
+}
+
+/// [`fold_quantized_tensors`], also returning where each tensor's parts lie.
 fn group_quantized(
     dir: &Path,
     raw: &[TensorInfo],
@@ -207,8 +237,10 @@ fn group_quantized(
     let is_consumed_part = |name: &str| -> bool {
         ["scales", "biases"].iter().any(|part| {
             name.strip_suffix(&format!(".{part}"))
-                .is_some_and(|module| by_name.contains_key(format!("{module}.weight").as_str())
-                    && by_name.contains_key(format!("{module}.scales").as_str()))
+                .is_some_and(|module| {
+                    by_name.contains_key(format!("{module}.weight").as_str())
+                        && by_name.contains_key(format!("{module}.scales").as_str())
+                })
         })
     };
     let mut tensors = Vec::new();
@@ -254,12 +286,19 @@ fn fold_triple(
         .for_module(module)
         .ok_or_else(|| bad("has scales but config.json marks it unquantized".into()))?;
     if !MLX_BITS.contains(&q.bits) || q.group_size == 0 {
-        return Err(bad(format!("unsupported quantization bits={} group_size={}", q.bits, q.group_size)));
+        return Err(bad(format!(
+            "unsupported quantization bits={} group_size={}",
+            q.bits, q.group_size
+        )));
     }
     if weight.dtype != DType::U32 {
-        return Err(bad(format!("packed weight has dtype {}, expected U32", weight.dtype)));
+        return Err(bad(format!(
+            "packed weight has dtype {}, expected U32",
+            weight.dtype
+        )));
     }
-    let biases = biases.ok_or_else(|| bad(format!("has `{module}.scales` but no `{module}.biases`")))?;
+    let biases =
+        biases.ok_or_else(|| bad(format!("has `{module}.scales` but no `{module}.biases`")))?;
     // Unpack the last axis: each u32 holds 32 / bits values.
     let (&packed, outer) = weight
         .shape
@@ -269,9 +308,17 @@ fn fold_triple(
         .checked_mul(32)
         .filter(|n| n % q.bits as usize == 0)
         .map(|n| n / q.bits as usize)
-        .ok_or_else(|| bad(format!("{packed} packed words do not hold whole {}-bit values", q.bits)))?;
+        .ok_or_else(|| {
+            bad(format!(
+                "{packed} packed words do not hold whole {}-bit values",
+                q.bits
+            ))
+        })?;
     if unpacked % q.group_size as usize != 0 {
-        return Err(bad(format!("row of {unpacked} values is not a multiple of group size {}", q.group_size)));
+        return Err(bad(format!(
+            "row of {unpacked} values is not a multiple of group size {}",
+            q.group_size
+        )));
     }
     let mut group_shape = outer.to_vec();
     group_shape.push(unpacked / q.group_size as usize);
@@ -284,7 +331,10 @@ fn fold_triple(
         }
     }
     if biases.dtype != scales.dtype {
-        return Err(bad(format!("scales are {} but biases are {}", scales.dtype, biases.dtype)));
+        return Err(bad(format!(
+            "scales are {} but biases are {}",
+            scales.dtype, biases.dtype
+        )));
     }
     let mut shape = outer.to_vec();
     shape.push(unpacked);
@@ -308,7 +358,10 @@ fn fold_triple(
         offset: t.offset,
         byte_size: t.byte_size,
     };
-    Ok((info, vec![locate("scales", scales), locate("biases", biases)]))
+    Ok((
+        info,
+        vec![locate("scales", scales), locate("biases", biases)],
+    ))
 }
 
 impl StorageBackend for MlxBackend {
@@ -336,10 +389,18 @@ impl StorageBackend for MlxBackend {
             .find(name)
             .ok_or_else(|| FormatError::NoSuchTensor(name.to_string()))?;
         let info = &self.tensors[i];
-        let data = self.bytes(info.file_index, info.offset, info.byte_size, &info.original_name)?;
+        let data = self.bytes(
+            info.file_index,
+            info.offset,
+            info.byte_size,
+            &info.original_name,
+        )?;
         let mut parts = Vec::with_capacity(self.parts[i].len());
         for p in &self.parts[i] {
-            parts.push((p.name, self.bytes(p.file_index, p.offset, p.byte_size, &info.original_name)?));
+            parts.push((
+                p.name,
+                self.bytes(p.file_index, p.offset, p.byte_size, &info.original_name)?,
+            ));
         }
         Ok(TensorHandle::new(info, data, parts))
     }

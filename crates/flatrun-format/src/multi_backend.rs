@@ -60,7 +60,10 @@ impl MultiBackend {
                         tensor: t.original_name.clone(),
                         what: format!(
                             "also present in shard {}",
-                            shards[first].files().first().map_or(String::new(), |p| p.display().to_string())
+                            shards[first]
+                                .files()
+                                .first()
+                                .map_or(String::new(), |p| p.display().to_string())
                         ),
                     });
                 }
@@ -91,7 +94,11 @@ impl MultiBackend {
         let family = family_from_directory(Some(dir));
         let mut opened: Vec<Box<dyn StorageBackend>> = Vec::with_capacity(shards.files.len());
         for f in &shards.files {
-            opened.push(Box::new(SafetensorsBackend::open_with(f, family, Some(dir.to_path_buf()))?));
+            opened.push(Box::new(SafetensorsBackend::open_with(
+                f,
+                family,
+                Some(dir.to_path_buf()),
+            )?));
         }
         if let Some(index_file) = &shards.index_file {
             for (tensor, &s) in &shards.weight_map {
@@ -100,7 +107,10 @@ impl MultiBackend {
                     return Err(FormatError::BadTensor {
                         path: index_file.clone(),
                         tensor: tensor.clone(),
-                        what: format!("listed in shard {}, which does not contain it", shards.files[s].display()),
+                        what: format!(
+                            "listed in shard {}, which does not contain it",
+                            shards.files[s].display()
+                        ),
                     });
                 }
             }
@@ -141,7 +151,11 @@ impl StorageBackend for MultiBackend {
         let (s, local) = self.locations[i];
         let shard = &self.shards[s];
         let inner = shard.tensor(&shard.tensors()[local].name)?;
-        Ok(TensorHandle::new(&self.tensors[i], inner.bytes(), inner.parts().to_vec()))
+        Ok(TensorHandle::new(
+            &self.tensors[i],
+            inner.bytes(),
+            inner.parts().to_vec(),
+        ))
     }
     fn total_bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.total_bytes()).sum()

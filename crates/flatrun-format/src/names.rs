@@ -209,7 +209,10 @@ mod tests {
             ("blk.1.ffn_down.weight", "layers.1.ffn.down"),
             ("blk.1.attn_q_norm.weight", "layers.1.attn.q_norm"),
             ("blk.1.attn_k_norm.weight", "layers.1.attn.k_norm"),
-            ("blk.1.post_attention_norm.weight", "layers.1.post_attn_norm"),
+            (
+                "blk.1.post_attention_norm.weight",
+                "layers.1.post_attn_norm",
+            ),
             ("blk.1.post_ffw_norm.weight", "layers.1.post_ffn_norm"),
             ("token_embd.weight", "embed"),
             ("output.weight", "output"),
@@ -217,9 +220,19 @@ mod tests {
             ("rope_freqs.weight", "rope_freqs"),
         ];
         for (gguf, canonical) in cases {
-            assert_eq!(canonical_gguf_name(gguf).as_deref(), Some(canonical), "{gguf}");
+            assert_eq!(
+                canonical_gguf_name(gguf).as_deref(),
+                Some(canonical),
+                "{gguf}"
+            );
         }
-        for unknown in ["blk.x.attn_q.weight", "blk..attn_q.weight", "blk.0.attn_q", "foo.weight", "blk.0.attn_q.scale"] {
+        for unknown in [
+            "blk.x.attn_q.weight",
+            "blk..attn_q.weight",
+            "blk.0.attn_q",
+            "foo.weight",
+            "blk.0.attn_q.scale",
+        ] {
             assert_eq!(canonical_gguf_name(unknown), None, "{unknown}");
         }
     }
@@ -232,16 +245,46 @@ mod tests {
         assert_eq!(n("model.embed_tokens.weight", l).as_deref(), Some("embed"));
         assert_eq!(n("lm_head.weight", l).as_deref(), Some("output"));
         assert_eq!(n("model.norm.weight", l).as_deref(), Some("output_norm"));
-        assert_eq!(n("model.layers.3.self_attn.o_proj.weight", l).as_deref(), Some("layers.3.attn.o"));
-        assert_eq!(n("model.layers.3.self_attn.k_proj.bias", l).as_deref(), Some("layers.3.attn.k.bias"));
-        assert_eq!(n("model.layers.3.input_layernorm.weight", l).as_deref(), Some("layers.3.attn_norm"));
-        assert_eq!(n("model.layers.3.post_attention_layernorm.weight", l).as_deref(), Some("layers.3.ffn_norm"));
-        assert_eq!(n("model.layers.3.post_attention_layernorm.weight", g).as_deref(), Some("layers.3.post_attn_norm"));
-        assert_eq!(n("model.layers.3.pre_feedforward_layernorm.weight", g).as_deref(), Some("layers.3.ffn_norm"));
-        assert_eq!(n("model.layers.3.post_feedforward_layernorm.weight", g).as_deref(), Some("layers.3.post_ffn_norm"));
-        assert_eq!(n("model.layers.3.mlp.gate_proj.weight", l).as_deref(), Some("layers.3.ffn.gate"));
-        assert_eq!(n("model.layers.3.self_attn.q_norm.weight", g).as_deref(), Some("layers.3.attn.q_norm"));
-        assert_eq!(n("language_model.model.layers.0.mlp.up_proj.weight", g).as_deref(), Some("layers.0.ffn.up"));
+        assert_eq!(
+            n("model.layers.3.self_attn.o_proj.weight", l).as_deref(),
+            Some("layers.3.attn.o")
+        );
+        assert_eq!(
+            n("model.layers.3.self_attn.k_proj.bias", l).as_deref(),
+            Some("layers.3.attn.k.bias")
+        );
+        assert_eq!(
+            n("model.layers.3.input_layernorm.weight", l).as_deref(),
+            Some("layers.3.attn_norm")
+        );
+        assert_eq!(
+            n("model.layers.3.post_attention_layernorm.weight", l).as_deref(),
+            Some("layers.3.ffn_norm")
+        );
+        assert_eq!(
+            n("model.layers.3.post_attention_layernorm.weight", g).as_deref(),
+            Some("layers.3.post_attn_norm")
+        );
+        assert_eq!(
+            n("model.layers.3.pre_feedforward_layernorm.weight", g).as_deref(),
+            Some("layers.3.ffn_norm")
+        );
+        assert_eq!(
+            n("model.layers.3.post_feedforward_layernorm.weight", g).as_deref(),
+            Some("layers.3.post_ffn_norm")
+        );
+        assert_eq!(
+            n("model.layers.3.mlp.gate_proj.weight", l).as_deref(),
+            Some("layers.3.ffn.gate")
+        );
+        assert_eq!(
+            n("model.layers.3.self_attn.q_norm.weight", g).as_deref(),
+            Some("layers.3.attn.q_norm")
+        );
+        assert_eq!(
+            n("language_model.model.layers.0.mlp.up_proj.weight", g).as_deref(),
+            Some("layers.0.ffn.up")
+        );
         assert_eq!(n("model.layers.3.mlp.experts.weight", l), None);
         assert_eq!(n("vision_tower.x.weight", l), None);
     }
@@ -249,10 +292,22 @@ mod tests {
     #[test]
     fn family_from_config() {
         let cfg = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
-        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"gemma3_text"}"#)), HfFamily::Gemma);
-        assert_eq!(HfFamily::from_config(&cfg(r#"{"architectures":["Gemma3ForCausalLM"]}"#)), HfFamily::Gemma);
-        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"qwen2"}"#)), HfFamily::Llama);
-        assert_eq!(HfFamily::from_config(&cfg(r#"{"model_type":"gemma"}"#)), HfFamily::Llama);
+        assert_eq!(
+            HfFamily::from_config(&cfg(r#"{"model_type":"gemma3_text"}"#)),
+            HfFamily::Gemma
+        );
+        assert_eq!(
+            HfFamily::from_config(&cfg(r#"{"architectures":["Gemma3ForCausalLM"]}"#)),
+            HfFamily::Gemma
+        );
+        assert_eq!(
+            HfFamily::from_config(&cfg(r#"{"model_type":"qwen2"}"#)),
+            HfFamily::Llama
+        );
+        assert_eq!(
+            HfFamily::from_config(&cfg(r#"{"model_type":"gemma"}"#)),
+            HfFamily::Llama
+        );
     }
 
     #[test]

@@ -76,7 +76,8 @@ fn open_safetensors_directory(dir: &Path) -> Result<Box<dyn StorageBackend>> {
     let shards = list_shards(dir)?;
     if shards.files.len() == 1 && shards.index_file.is_none() {
         let family = family_from_directory(Some(dir));
-        let single = SafetensorsBackend::open_with(&shards.files[0], family, Some(dir.to_path_buf()))?;
+        let single =
+            SafetensorsBackend::open_with(&shards.files[0], family, Some(dir.to_path_buf()))?;
         return Ok(Box::new(single));
     }
     Ok(Box::new(MultiBackend::open_safetensors_directory(dir)?))

@@ -178,7 +178,10 @@ fn find_inconsistent_tensor(bytes: &[u8], header_len: u64) -> Option<String> {
         let Ok(info) = serde_json::from_value::<StTensorInfo>(entries[name].clone()) else {
             return true;
         };
-        let n = info.shape.iter().try_fold(info.dtype.size(), |a, &d| a.checked_mul(d));
+        let n = info
+            .shape
+            .iter()
+            .try_fold(info.dtype.size(), |a, &d| a.checked_mul(d));
         n != info.data_offsets.1.checked_sub(info.data_offsets.0)
     })
 }
@@ -224,7 +227,11 @@ impl SafetensorsBackend {
     }
 
     /// Open a file with an explicit naming family and side-file directory.
-    pub fn open_with(path: &Path, family: HfFamily, directory: Option<PathBuf>) -> Result<SafetensorsBackend> {
+    pub fn open_with(
+        path: &Path,
+        family: HfFamily,
+        directory: Option<PathBuf>,
+    ) -> Result<SafetensorsBackend> {
         let file = MappedFile::open(path)?;
         let header = parse_header(path, file.bytes())?;
         let mut tensors = header.tensors;
@@ -266,6 +273,10 @@ impl StorageBackend for SafetensorsBackend {
             .find(name)
             .and_then(|i| self.tensors.get(i))
             .ok_or_else(|| FormatError::NoSuchTensor(name.to_string()))?;
-        Ok(TensorHandle::new(info, tensor_bytes(&self.file, info)?, Vec::new()))
+        Ok(TensorHandle::new(
+            info,
+            tensor_bytes(&self.file, info)?,
+            Vec::new(),
+        ))
     }
 }

@@ -90,10 +90,8 @@ fn read_index(dir: &Path, index_path: &Path) -> Result<ShardList> {
         let shard = shard
             .as_str()
             .ok_or_else(|| invalid(format!("weight_map[`{tensor}`] is not a string")))?;
-        let plain = !shard.is_empty()
-            && !shard.contains(['/', '\\'])
-            && shard != "."
-            && shard != "..";
+        let plain =
+            !shard.is_empty() && !shard.contains(['/', '\\']) && shard != "." && shard != "..";
         if !plain {
             return Err(invalid(format!(
                 "weight_map[`{tensor}`] names `{shard}`, which is not a file name in the directory"

@@ -42,14 +42,18 @@ fn read_listing(model: &str) -> (usize, u64, Vec<Listed>) {
 }
 
 fn check_model(model: &str) {
-    let Some(path) = model_path(model) else { return };
+    let Some(path) = model_path(model) else {
+        return;
+    };
     let backend = GgufBackend::open(&path).expect("open real model");
     let (count, data_offset, listed) = read_listing(model);
     assert_eq!(backend.tensors().len(), count, "tensor count");
     assert_eq!(backend.header().data_offset, data_offset, "data offset");
     for (t, want) in backend.tensors().iter().zip(&listed) {
         assert_eq!(t.original_name, want.name);
-        let DType::Ggml(ty) = t.dtype else { panic!("{}: not a GGML dtype", t.name) };
+        let DType::Ggml(ty) = t.dtype else {
+            panic!("{}: not a GGML dtype", t.name)
+        };
         assert_eq!(ty.to_string(), want.type_name, "{}", want.name);
         assert_eq!(t.shape, want.shape, "{}", want.name);
         assert_eq!(t.offset, want.offset, "{}", want.name);
@@ -65,7 +69,10 @@ fn check_model(model: &str) {
         .filter(|t| t.name == t.original_name)
         .map(|t| t.name.clone())
         .collect();
-    assert!(unnamed.is_empty(), "tensors without canonical names: {unnamed:?}");
+    assert!(
+        unnamed.is_empty(),
+        "tensors without canonical names: {unnamed:?}"
+    );
 }
 
 #[test]
@@ -85,7 +92,9 @@ fn qwen25_tensor_table_matches_gguf_package() {
 
 #[test]
 fn smollm2_metadata_facts() {
-    let Some(path) = model_path("SmolLM2-135M-Instruct.Q4_1.gguf") else { return };
+    let Some(path) = model_path("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
     let b = flatrun_format::open(&path).expect("open");
     let m = b.metadata();
     assert_eq!(b.name(), "gguf");
@@ -97,29 +106,60 @@ fn smollm2_metadata_facts() {
     assert_eq!(m.get_f32("llama.rope.freq_base"), Some(100000.0));
     assert_eq!(m.get_str("tokenizer.ggml.model"), Some("gpt2"));
     assert_eq!(m.get_str("tokenizer.ggml.pre"), Some("smollm"));
-    assert_eq!(m.get_str_array("tokenizer.ggml.tokens").map(|t| t.len()), Some(49152));
+    assert_eq!(
+        m.get_str_array("tokenizer.ggml.tokens").map(|t| t.len()),
+        Some(49152)
+    );
     assert_eq!(m.get_bool("tokenizer.ggml.add_bos_token"), Some(false));
     assert!(m.get_str("tokenizer.chat_template").is_some());
     assert!(b.contains("embed") && !b.contains("output"));
-    assert_eq!(b.tensor("layers.29.ffn.down").unwrap().shape(), &[576, 1536]);
+    assert_eq!(
+        b.tensor("layers.29.ffn.down").unwrap().shape(),
+        &[576, 1536]
+    );
 }
 
 #[test]
 fn qwen25_has_biases_and_untied_output() {
-    let Some(path) = model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else { return };
+    let Some(path) = model_path("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
     let b = flatrun_format::open(&path).expect("open");
     assert!(b.contains("layers.0.attn.q.bias"));
     assert!(b.contains("output"));
-    assert_eq!(b.metadata().get_str_array("tokenizer.ggml.tokens").map(|t| t.len()), Some(151936));
-    assert_eq!(b.metadata().get_i32_array("tokenizer.ggml.token_type").map(|t| t.len()), Some(151936));
+    assert_eq!(
+        b.metadata()
+            .get_str_array("tokenizer.ggml.tokens")
+            .map(|t| t.len()),
+        Some(151936)
+    );
+    assert_eq!(
+        b.metadata()
+            .get_i32_array("tokenizer.ggml.token_type")
+            .map(|t| t.len()),
+        Some(151936)
+    );
 }
 
 #[test]
 fn gemma3_canonical_norms() {
-    let Some(path) = model_path("gemma-3-270m-q4_k_m.gguf") else { return };
+    let Some(path) = model_path("gemma-3-270m-q4_k_m.gguf") else {
+        return;
+    };
     let b = flatrun_format::open(&path).expect("open");
-    for name in ["layers.0.attn.q_norm", "layers.0.attn.k_norm", "layers.0.post_attn_norm", "layers.0.post_ffn_norm", "layers.17.ffn_norm"] {
+    for name in [
+        "layers.0.attn.q_norm",
+        "layers.0.attn.k_norm",
+        "layers.0.post_attn_norm",
+        "layers.0.post_ffn_norm",
+        "layers.17.ffn_norm",
+    ] {
         assert!(b.contains(name), "{name}");
     }
-    assert_eq!(b.metadata().get_f32_array("tokenizer.ggml.scores").map(|s| s.len()), Some(262144));
+    assert_eq!(
+        b.metadata()
+            .get_f32_array("tokenizer.ggml.scores")
+            .map(|s| s.len()),
+        Some(262144)
+    );
 }

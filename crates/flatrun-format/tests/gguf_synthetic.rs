@@ -33,7 +33,10 @@ fn synthetic_gguf_metadata_round_trips() {
     assert_eq!(m.get_str_array("t.arr_str"), Some(vec!["a", "bc", ""]));
     assert_eq!(m.get_i32_array("t.arr_i32"), Some(vec![1, -2, 3]));
     assert_eq!(m.get_f32_array("t.arr_f32"), Some(vec![0.5, 1.5]));
-    let nested = m.get("t.nested").and_then(MetaValue::as_array).expect("nested array");
+    let nested = m
+        .get("t.nested")
+        .and_then(MetaValue::as_array)
+        .expect("nested array");
     assert_eq!(nested.len(), 2);
     assert_eq!(nested[0].as_array().map(|a| a.len()), Some(2));
     assert_eq!(nested[1], MetaValue::Array(vec![MetaValue::I32(3)]));
@@ -47,18 +50,29 @@ fn synthetic_gguf_tensors_round_trip() {
     assert_eq!(gguf.header().alignment, 64);
     assert_eq!(gguf.header().data_offset % 64, 0);
     let expected: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture("synthetic.expected.json")).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(fixture("synthetic.expected.json")).unwrap())
+            .unwrap();
     let expected = expected["tensors"].as_array().unwrap();
     assert_eq!(gguf.tensors().len(), expected.len());
     for (t, want) in gguf.tensors().iter().zip(expected) {
         assert_eq!(t.name, want["name"].as_str().unwrap());
         assert_eq!(t.original_name, want["original"].as_str().unwrap());
-        let shape: Vec<usize> = want["shape"].as_array().unwrap().iter().map(|d| d.as_u64().unwrap() as usize).collect();
+        let shape: Vec<usize> = want["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap() as usize)
+            .collect();
         assert_eq!(t.shape, shape, "{}", t.name);
         assert_eq!(t.dtype.to_string(), want["type"].as_str().unwrap());
         assert_eq!(t.offset % 64, 0, "{} aligned", t.name);
         let handle = gguf.tensor(&t.name).unwrap();
-        assert_eq!(handle.bytes(), hex_decode(want["bytes"].as_str().unwrap()), "{}", t.name);
+        assert_eq!(
+            handle.bytes(),
+            hex_decode(want["bytes"].as_str().unwrap()),
+            "{}",
+            t.name
+        );
         assert_eq!(handle.to_vec(), handle.bytes());
         // Also reachable by the original name.
         assert_eq!(gguf.tensor(&t.original_name).unwrap().info(), t);
@@ -67,5 +81,8 @@ fn synthetic_gguf_tensors_round_trip() {
     assert_eq!(q.dtype(), DType::Ggml(GgmlType::Q8_0));
     assert_eq!(q.quant(), QuantDescriptor::Ggml(GgmlType::Q8_0));
     assert_eq!(gguf.tensor("embed").unwrap().quant(), QuantDescriptor::None);
-    assert!(matches!(gguf.tensor("nope"), Err(flatrun_format::FormatError::NoSuchTensor(_))));
+    assert!(matches!(
+        gguf.tensor("nope"),
+        Err(flatrun_format::FormatError::NoSuchTensor(_))
+    ));
 }

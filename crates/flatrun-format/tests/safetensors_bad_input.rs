@@ -12,7 +12,12 @@ fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn open_bytes(bytes: &[u8]) -> (tempfile::TempDir, Result<Box<dyn flatrun_format::StorageBackend>, FormatError>) {
+fn open_bytes(
+    bytes: &[u8],
+) -> (
+    tempfile::TempDir,
+    Result<Box<dyn flatrun_format::StorageBackend>, FormatError>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("x.safetensors");
     write(&path, bytes);
@@ -37,7 +42,10 @@ fn every_truncation_is_an_error() {
 fn header_that_is_not_json() {
     let (_d, r) = open_bytes(&raw_safetensors("this is not json", &[]));
     let err = r.err().expect("error");
-    assert!(matches!(&err, FormatError::Invalid { offset: 8, what, .. } if what.contains("JSON")), "{err}");
+    assert!(
+        matches!(&err, FormatError::Invalid { offset: 8, what, .. } if what.contains("JSON")),
+        "{err}"
+    );
     assert!(err.to_string().contains("x.safetensors"));
 }
 
@@ -55,7 +63,10 @@ fn sizes_that_lie() {
     let header = r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,12]}}"#;
     let (_d, r) = open_bytes(&raw_safetensors(header, &[0; 12]));
     let err = r.err().expect("error");
-    assert!(matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "a"), "{err}");
+    assert!(
+        matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "a"),
+        "{err}"
+    );
     // Offsets past the data.
     let header = r#"{"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]}}"#;
     let (_d, r) = open_bytes(&raw_safetensors(header, &[0; 8]));
@@ -64,9 +75,13 @@ fn sizes_that_lie() {
     let header = r#"{"a":{"dtype":"U8","shape":[4],"data_offsets":[0,4]},"b":{"dtype":"U8","shape":[4],"data_offsets":[2,6]}}"#;
     let (_d, r) = open_bytes(&raw_safetensors(header, &[0; 6]));
     let err = r.err().expect("error");
-    assert!(matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "b"), "{err}");
+    assert!(
+        matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "b"),
+        "{err}"
+    );
     // Dims whose product overflows.
-    let header = r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}"#;
+    let header =
+        r#"{"a":{"dtype":"F32","shape":[4294967296,4294967296,4294967296],"data_offsets":[0,4]}}"#;
     let (_d, r) = open_bytes(&raw_safetensors(header, &[0; 4]));
     assert!(matches!(r, Err(FormatError::BadTensor { .. })));
 }
@@ -82,36 +97,60 @@ fn trailing_bytes_after_data() {
 #[test]
 fn index_naming_a_missing_shard() {
     let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("model-00001-of-00002.safetensors"), &one_tensor());
+    write(
+        &dir.path().join("model-00001-of-00002.safetensors"),
+        &one_tensor(),
+    );
     let index = r#"{"weight_map":{"a":"model-00001-of-00002.safetensors","b":"model-00002-of-00002.safetensors"}}"#;
-    write(&dir.path().join("model.safetensors.index.json"), index.as_bytes());
+    write(
+        &dir.path().join("model.safetensors.index.json"),
+        index.as_bytes(),
+    );
     let err = flatrun_format::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::MissingShard { shard, .. }
-        if shard.ends_with("model-00002-of-00002.safetensors")), "{err}");
+    assert!(
+        matches!(&err, FormatError::MissingShard { shard, .. }
+        if shard.ends_with("model-00002-of-00002.safetensors")),
+        "{err}"
+    );
 }
 
 #[test]
 fn index_escaping_the_directory() {
     let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("model.safetensors.index.json"), br#"{"weight_map":{"a":"../../etc/passwd"}}"#);
+    write(
+        &dir.path().join("model.safetensors.index.json"),
+        br#"{"weight_map":{"a":"../../etc/passwd"}}"#,
+    );
     let err = flatrun_format::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::Invalid { what, .. } if what.contains("not a file name")), "{err}");
+    assert!(
+        matches!(&err, FormatError::Invalid { what, .. } if what.contains("not a file name")),
+        "{err}"
+    );
 }
 
 #[test]
 fn index_listing_a_tensor_its_shard_lacks() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("s1.safetensors"), &one_tensor());
-    write(&dir.path().join("model.safetensors.index.json"), br#"{"weight_map":{"a":"s1.safetensors","zzz":"s1.safetensors"}}"#);
+    write(
+        &dir.path().join("model.safetensors.index.json"),
+        br#"{"weight_map":{"a":"s1.safetensors","zzz":"s1.safetensors"}}"#,
+    );
     let err = flatrun_format::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "zzz"), "{err}");
+    assert!(
+        matches!(&err, FormatError::BadTensor { tensor, .. } if tensor == "zzz"),
+        "{err}"
+    );
 }
 
 #[test]
 fn index_that_is_not_json() {
     let dir = tempfile::tempdir().unwrap();
     write(&dir.path().join("model.safetensors.index.json"), b"{{{");
-    assert!(matches!(flatrun_format::open(dir.path()), Err(FormatError::Invalid { .. })));
+    assert!(matches!(
+        flatrun_format::open(dir.path()),
+        Err(FormatError::Invalid { .. })
+    ));
 }
 
 #[test]
@@ -120,13 +159,22 @@ fn same_tensor_in_two_shards() {
     write(&dir.path().join("s1.safetensors"), &one_tensor());
     write(&dir.path().join("s2.safetensors"), &one_tensor());
     let err = flatrun_format::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::BadTensor { tensor, what, .. } if tensor == "a" && what.contains("also present")), "{err}");
+    assert!(
+        matches!(&err, FormatError::BadTensor { tensor, what, .. } if tensor == "a" && what.contains("also present")),
+        "{err}"
+    );
 }
 
 fn mlx_dir(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("config.json"), br#"{"model_type":"llama","quantization":{"group_size":32,"bits":4}}"#);
-    write(&dir.path().join("model.safetensors"), &safetensors_bytes(tensors, &[]));
+    write(
+        &dir.path().join("config.json"),
+        br#"{"model_type":"llama","quantization":{"group_size":32,"bits":4}}"#,
+    );
+    write(
+        &dir.path().join("model.safetensors"),
+        &safetensors_bytes(tensors, &[]),
+    );
     dir
 }
 
@@ -138,7 +186,10 @@ fn mlx_scales_with_wrong_shape() {
         ("m.biases", "F16", vec![2, 3], pattern(12, 0)),
     ]);
     let err = flatrun_format::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::BadTensor { tensor, what, .. } if tensor == "m.weight" && what.contains("expected [2, 1]")), "{err}");
+    assert!(
+        matches!(&err, FormatError::BadTensor { tensor, what, .. } if tensor == "m.weight" && what.contains("expected [2, 1]")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -166,8 +217,13 @@ fn mlx_config_that_is_not_json_is_not_mlx() {
     // Without a readable quantization section it is a plain HF directory.
     let b = flatrun_format::open(dir.path()).expect("plain safetensors");
     assert_eq!(b.name(), "safetensors");
-    let err = flatrun_format::MlxBackend::open(dir.path()).err().expect("error");
-    assert!(matches!(&err, FormatError::Invalid { path, .. } if path.ends_with("config.json")), "{err}");
+    let err = flatrun_format::MlxBackend::open(dir.path())
+        .err()
+        .expect("error");
+    assert!(
+        matches!(&err, FormatError::Invalid { path, .. } if path.ends_with("config.json")),
+        "{err}"
+    );
 }
 
 #[test]
@@ -175,7 +231,16 @@ fn unknown_format() {
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("x.bin");
     write(&p, b"hello");
-    assert!(matches!(flatrun_format::open(&p), Err(FormatError::UnknownFormat { .. })));
-    assert!(matches!(flatrun_format::open(dir.path()), Err(FormatError::UnknownFormat { .. })));
-    assert!(matches!(flatrun_format::open(&dir.path().join("missing.gguf")), Err(FormatError::Io { .. })));
+    assert!(matches!(
+        flatrun_format::open(&p),
+        Err(FormatError::UnknownFormat { .. })
+    ));
+    assert!(matches!(
+        flatrun_format::open(dir.path()),
+        Err(FormatError::UnknownFormat { .. })
+    ));
+    assert!(matches!(
+        flatrun_format::open(&dir.path().join("missing.gguf")),
+        Err(FormatError::Io { .. })
+    ));
 }

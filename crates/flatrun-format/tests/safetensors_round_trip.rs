@@ -18,10 +18,30 @@ fn single_file_dtypes_names_and_bytes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("weights.safetensors");
     let tensors = vec![
-        ("model.embed_tokens.weight", "F32", vec![4, 3], pattern(48, 1)),
-        ("model.layers.0.self_attn.q_proj.weight", "F16", vec![3, 3], pattern(18, 2)),
-        ("model.layers.0.self_attn.q_proj.bias", "BF16", vec![3], pattern(6, 3)),
-        ("model.layers.0.post_attention_layernorm.weight", "F32", vec![3], pattern(12, 4)),
+        (
+            "model.embed_tokens.weight",
+            "F32",
+            vec![4, 3],
+            pattern(48, 1),
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "F16",
+            vec![3, 3],
+            pattern(18, 2),
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.bias",
+            "BF16",
+            vec![3],
+            pattern(6, 3),
+        ),
+        (
+            "model.layers.0.post_attention_layernorm.weight",
+            "F32",
+            vec![3],
+            pattern(12, 4),
+        ),
         ("lm_head.weight", "U8", vec![2, 2], pattern(4, 5)),
         ("extra.ids", "I32", vec![2], pattern(8, 6)),
         ("extra.flags", "BOOL", vec![1], vec![1]),
@@ -56,34 +76,81 @@ fn single_file_dtypes_names_and_bytes() {
 #[test]
 fn directory_with_gemma_config_uses_gemma_norm_names() {
     let dir = tempfile::tempdir().unwrap();
-    write(&dir.path().join("config.json"), br#"{"model_type":"gemma3_text","architectures":["Gemma3ForCausalLM"]}"#);
+    write(
+        &dir.path().join("config.json"),
+        br#"{"model_type":"gemma3_text","architectures":["Gemma3ForCausalLM"]}"#,
+    );
     write(&dir.path().join("tokenizer.json"), b"{}");
     let tensors = vec![
-        ("model.layers.0.post_attention_layernorm.weight", "F32", vec![2], pattern(8, 1)),
-        ("model.layers.0.pre_feedforward_layernorm.weight", "F32", vec![2], pattern(8, 2)),
-        ("model.layers.0.post_feedforward_layernorm.weight", "F32", vec![2], pattern(8, 3)),
+        (
+            "model.layers.0.post_attention_layernorm.weight",
+            "F32",
+            vec![2],
+            pattern(8, 1),
+        ),
+        (
+            "model.layers.0.pre_feedforward_layernorm.weight",
+            "F32",
+            vec![2],
+            pattern(8, 2),
+        ),
+        (
+            "model.layers.0.post_feedforward_layernorm.weight",
+            "F32",
+            vec![2],
+            pattern(8, 3),
+        ),
         ("model.norm.weight", "F32", vec![2], pattern(8, 4)),
     ];
-    write(&dir.path().join("model.safetensors"), &safetensors_bytes(&tensors, &[]));
+    write(
+        &dir.path().join("model.safetensors"),
+        &safetensors_bytes(&tensors, &[]),
+    );
     let b = flatrun_format::open(dir.path()).expect("open dir");
     assert_eq!(b.name(), "safetensors");
     assert_eq!(b.directory(), Some(dir.path()));
-    for name in ["layers.0.post_attn_norm", "layers.0.ffn_norm", "layers.0.post_ffn_norm", "output_norm"] {
+    for name in [
+        "layers.0.post_attn_norm",
+        "layers.0.ffn_norm",
+        "layers.0.post_ffn_norm",
+        "output_norm",
+    ] {
         assert!(b.contains(name), "{name}");
     }
 }
 
 fn write_sharded(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
     let a = vec![
-        ("model.embed_tokens.weight", "F32", vec![2, 2], pattern(16, 1)),
-        ("model.layers.0.mlp.up_proj.weight", "F16", vec![2, 2], pattern(8, 2)),
+        (
+            "model.embed_tokens.weight",
+            "F32",
+            vec![2, 2],
+            pattern(16, 1),
+        ),
+        (
+            "model.layers.0.mlp.up_proj.weight",
+            "F16",
+            vec![2, 2],
+            pattern(8, 2),
+        ),
     ];
     let b = vec![
-        ("model.layers.1.mlp.down_proj.weight", "BF16", vec![2, 2], pattern(8, 3)),
+        (
+            "model.layers.1.mlp.down_proj.weight",
+            "BF16",
+            vec![2, 2],
+            pattern(8, 3),
+        ),
         ("model.norm.weight", "F32", vec![2], pattern(8, 4)),
     ];
-    write(&dir.join("model-00001-of-00002.safetensors"), &safetensors_bytes(&a, &[]));
-    write(&dir.join("model-00002-of-00002.safetensors"), &safetensors_bytes(&b, &[]));
+    write(
+        &dir.join("model-00001-of-00002.safetensors"),
+        &safetensors_bytes(&a, &[]),
+    );
+    write(
+        &dir.join("model-00002-of-00002.safetensors"),
+        &safetensors_bytes(&b, &[]),
+    );
     let index = serde_json::json!({
         "metadata": {"total_size": 40},
         "weight_map": {
@@ -93,9 +160,15 @@ fn write_sharded(dir: &Path) -> Vec<(&'static str, Vec<u8>)> {
             "model.norm.weight": "model-00002-of-00002.safetensors",
         }
     });
-    write(&dir.join("model.safetensors.index.json"), index.to_string().as_bytes());
+    write(
+        &dir.join("model.safetensors.index.json"),
+        index.to_string().as_bytes(),
+    );
     write(&dir.join("config.json"), br#"{"model_type":"llama"}"#);
-    a.into_iter().chain(b).map(|(n, _, _, bytes)| (n, bytes)).collect()
+    a.into_iter()
+        .chain(b)
+        .map(|(n, _, _, bytes)| (n, bytes))
+        .collect()
 }
 
 #[test]
@@ -113,7 +186,10 @@ fn sharded_directory_looks_like_one_backend() {
     }
     let down = b.tensor("layers.1.ffn.down").unwrap();
     assert_eq!(down.info().file_index, 1);
-    assert_eq!(b.files()[1].file_name().unwrap(), "model-00002-of-00002.safetensors");
+    assert_eq!(
+        b.files()[1].file_name().unwrap(),
+        "model-00002-of-00002.safetensors"
+    );
     assert_eq!(b.tensor("embed").unwrap().info().file_index, 0);
     assert_eq!(b.total_bytes(), 40);
 }
@@ -134,15 +210,53 @@ fn mlx_directory_folds_quantized_triples() {
     let ds = pattern(4 * 2, 5);
     let db = pattern(4 * 2, 6);
     let tensors = vec![
-        ("model.layers.0.self_attn.q_proj.weight", "U32", vec![8, 8], w.clone()),
-        ("model.layers.0.self_attn.q_proj.scales", "F16", vec![8, 2], s.clone()),
-        ("model.layers.0.self_attn.q_proj.biases", "F16", vec![8, 2], bi.clone()),
-        ("model.layers.0.mlp.down_proj.weight", "U32", vec![4, 16], dw.clone()),
-        ("model.layers.0.mlp.down_proj.scales", "BF16", vec![4, 1], ds.clone()),
-        ("model.layers.0.mlp.down_proj.biases", "BF16", vec![4, 1], db.clone()),
-        ("model.layers.0.input_layernorm.weight", "F16", vec![64], pattern(128, 7)),
+        (
+            "model.layers.0.self_attn.q_proj.weight",
+            "U32",
+            vec![8, 8],
+            w.clone(),
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.scales",
+            "F16",
+            vec![8, 2],
+            s.clone(),
+        ),
+        (
+            "model.layers.0.self_attn.q_proj.biases",
+            "F16",
+            vec![8, 2],
+            bi.clone(),
+        ),
+        (
+            "model.layers.0.mlp.down_proj.weight",
+            "U32",
+            vec![4, 16],
+            dw.clone(),
+        ),
+        (
+            "model.layers.0.mlp.down_proj.scales",
+            "BF16",
+            vec![4, 1],
+            ds.clone(),
+        ),
+        (
+            "model.layers.0.mlp.down_proj.biases",
+            "BF16",
+            vec![4, 1],
+            db.clone(),
+        ),
+        (
+            "model.layers.0.input_layernorm.weight",
+            "F16",
+            vec![64],
+            pattern(128, 7),
+        ),
     ];
-    write(&dir.path().join("model.safetensors"), &safetensors_bytes(&tensors, &[]));
+    write(
+        &dir.path().join("model.safetensors"),
+        &safetensors_bytes(&tensors, &[]),
+    );
     let b = flatrun_format::open(dir.path()).expect("open mlx");
     assert_eq!(b.name(), "mlx");
     assert_eq!(b.tensors().len(), 3, "{:?}", b.tensors());
@@ -151,7 +265,11 @@ fn mlx_directory_folds_quantized_triples() {
     assert_eq!(q.dtype(), DType::U32);
     assert_eq!(
         q.quant(),
-        QuantDescriptor::MlxAffine { bits: 4, group_size: 32, scale_dtype: DType::Ggml(GgmlType::F16) }
+        QuantDescriptor::MlxAffine {
+            bits: 4,
+            group_size: 32,
+            scale_dtype: DType::Ggml(GgmlType::F16)
+        }
     );
     assert_eq!(q.bytes(), w.as_slice());
     assert_eq!(q.part("scales"), Some(s.as_slice()));
@@ -160,11 +278,18 @@ fn mlx_directory_folds_quantized_triples() {
     assert_eq!(d.shape(), &[4, 64]);
     assert_eq!(
         d.quant(),
-        QuantDescriptor::MlxAffine { bits: 8, group_size: 64, scale_dtype: DType::Ggml(GgmlType::BF16) }
+        QuantDescriptor::MlxAffine {
+            bits: 8,
+            group_size: 64,
+            scale_dtype: DType::Ggml(GgmlType::BF16)
+        }
     );
     assert_eq!(d.part("biases"), Some(db.as_slice()));
     let norm = b.tensor("layers.0.attn_norm").unwrap();
     assert_eq!(norm.quant(), QuantDescriptor::None);
     assert_eq!(norm.part("scales"), None);
-    assert_eq!(b.total_bytes(), (w.len() + s.len() + bi.len() + dw.len() + ds.len() + db.len() + 128) as u64);
+    assert_eq!(
+        b.total_bytes(),
+        (w.len() + s.len() + bi.len() + dw.len() + ds.len() + db.len() + 128) as u64
+    );
 }

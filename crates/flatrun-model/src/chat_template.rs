@@ -350,21 +350,21 @@ pub(crate) fn strftime(format: &str, unix_secs: i64) -> String {
     out
 }
 
-/// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=indent)`.
+/// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=indent)`
+/// (keys in insertion order, `", "` and `": "` separators).
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     let _: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;
-    let json = serde_json::to_value(&value).map_err(|e| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string()))?;
     let mut out = String::new();
-    write_python_json(&json, indent, 0, &mut out);
+    write_python_json(&value, indent, 0, &mut out)?;
     Ok(Value::from_safe_string(out))
 }
 
-/// JSON with Python's separators (`", "`, `": "`), or one item per line when indented.
-fn write_python_json(v: &serde_json::Value, indent: Option<usize>, level: usize, out: &mut String) {
-    use serde_json::Value as J;
+/// JSON with Python's separators, or one item per line when indented.
+fn write_python_json(v: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
+    use minijinja::value::ValueKind;
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
             out.push('\n');
@@ -372,35 +372,45 @@ fn write_python_json(v: &serde_json::Value, indent: Option<usize>, level: usize,
         }
     };
     let item_sep = if indent.is_some() { "," } else { ", " };
-    match v {
-        J::Array(items) if !items.is_empty() => {
+    let bad = |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
+    match v.kind() {
+        ValueKind::Seq | ValueKind::Iterable => {
+            let items: Vec<Value> = v.try_iter()?.collect();
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                write_python_json(item, indent, level + 1, out);
+                write_python_json(item, indent, level + 1, out)?;
             }
-            newline(out, level);
+            if !items.is_empty() {
+                newline(out, level);
+            }
             out.push(']');
         }
-        J::Object(map) if !map.is_empty() => {
+        ValueKind::Map => {
+            let keys: Vec<Value> = v.try_iter()?.collect();
             out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
+            for (i, key) in keys.iter().enumerate() {
                 if i > 0 {
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                let key_text = key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string());
+                out.push_str(&serde_json::to_string(&key_text).map_err(bad)?);
                 out.push_str(": ");
-                write_python_json(item, indent, level + 1, out);
+                write_python_json(&v.get_item(key)?, indent, level + 1, out)?;
             }
-            newline(out, level);
+            if !keys.is_empty() {
+                newline(out, level);
+            }
             out.push('}');
         }
-        other => out.push_str(&other.to_string()),
+        ValueKind::Undefined | ValueKind::None => out.push_str("null"),
+        _ => out.push_str(&serde_json::to_string(v).map_err(bad)?),
     }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -415,12 +425,13 @@ mod tests {
 
     #[test]
     fn python_json_separators() {
-        let v = serde_json::json!({"a": [1, "é"], "b": {}});
+        let empty: std::collections::BTreeMap<String, i32> = Default::default();
+        let v = minijinja::context! { b => (1, "é"), a => empty };
         let mut s = String::new();
-        write_python_json(&v, None, 0, &mut s);
-        assert_eq!(s, r#"{"a": [1, "é"], "b": {}}"#);
+        write_python_json(&v, None, 0, &mut s).unwrap();
+        assert_eq!(s, r#"{"b": [1, "é"], "a": {}}"#);
         let mut s = String::new();
-        write_python_json(&serde_json::json!({"a": [1]}), Some(2), 0, &mut s);
+        write_python_json(&Value::from_serialize(serde_json::json!({"a": [1]})), Some(2), 0, &mut s).unwrap();
         assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
     }
 }

@@ -74,6 +74,8 @@ pub struct Sampler {
     rng: Xoshiro256,
     /// Candidate (id, logit) pairs of the current step.
     candidates: Vec<(u32, f32)>,
+    /// Unnormalized probabilities of the candidates.
+    weights: Vec<f32>,
     counts: HashMap<u32, u32>,
 }
 
@@ -83,7 +85,7 @@ impl Sampler {
             let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
             now ^ (std::process::id() as u64).rotate_left(32)
         });
-        Sampler { params, rng: Xoshiro256::seed_from_u64(seed), candidates: Vec::new(), counts: HashMap::new() }
+        Sampler { params, rng: Xoshiro256::seed_from_u64(seed), candidates: Vec::new(), weights: Vec::new(), counts: HashMap::new() }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -103,23 +105,28 @@ impl Sampler {
         if self.params.temperature <= 0.0 {
             return argmax(logits);
         }
-        // 3. Candidates: the top-k by logit, or everything.
-        let n = logits.len();
+        // 3. The best logit, and a floor below which tokens cannot matter:
+        //    relative probability under 1e-12 (at temperature ≥ 1), under
+        //    min-p, or below the k-th best logit.
+        let t = self.params.temperature;
+        let max_logit = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        if max_logit == f32::NEG_INFINITY {
+            return argmax(logits);
+        }
+        let mut floor = max_logit - NEGLIGIBLE_LOG_PROB * t.max(1.0);
+        if self.params.min_p > 0.0 && self.params.min_p <= 1.0 {
+            floor = floor.max(max_logit + self.params.min_p.ln());
+        }
+        let k = self.params.top_k;
+        if k > 0 && k < logits.len() {
+            floor = floor.max(kth_largest(logits, k));
+        }
+        // 4. Candidates above the floor; then exactly the top-k of them.
         self.candidates.clear();
-        self.candidates.extend(logits.iter().enumerate().filter(|(_, l)| !l.is_nan()).map(|(i, &l)| (i as u32, l)));
-        if self.candidates.is_empty() {
-            return 0;
-        }
-        let k = if self.params.top_k > 0 { self.params.top_k.min(self.candidates.len()) } else { n };
-        if k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+        self.candidates.extend(logits.iter().enumerate().filter(|(_, &l)| l >= floor).map(|(i, &l)| (i as u32, l)));
+        if k > 0 && k < self.candidates.len() {
+            self.candidates.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             self.candidates.truncate(k);
-        }
-        // 4. Min-p: keep logits within ln(min_p) of the best.
-        let max_logit = self.candidates.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        if self.params.min_p > 0.0 && self.params.min_p < 1.0 {
-            let threshold = max_logit + self.params.min_p.ln();
-            self.candidates.retain(|c| c.1 >= threshold);
         }
         // 5. Top-p: the most likely tokens until their mass reaches top_p,
         //    found by growing a partially selected prefix.
@@ -127,28 +134,24 @@ impl Sampler {
             keep_top_p(&mut self.candidates, self.params.top_p, max_logit);
         }
         // 6. Temperature, softmax and a draw.
-        let t = self.params.temperature;
+        self.weights.clear();
         let mut total = 0.0f64;
-        let weights: Vec<f64> = self
-            .candidates
-            .iter()
-            .map(|c| {
-                let w = (((c.1 - max_logit) / t) as f64).exp();
-                total += w;
-                w
-            })
-            .collect();
+        for c in &self.candidates {
+            let w = ((c.1 - max_logit) / t).exp();
+            total += w as f64;
+            self.weights.push(w);
+        }
         if !(total > 0.0) || !total.is_finite() {
-            return self.candidates.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|c| c.0).unwrap_or(0);
+            return self.candidates.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|c| c.0).unwrap_or_else(|| argmax(logits));
         }
         let mut target = self.rng.next_f64() * total;
-        for (c, w) in self.candidates.iter().zip(&weights) {
-            if target < *w {
+        for (c, &w) in self.candidates.iter().zip(&self.weights) {
+            if target < w as f64 {
                 return c.0;
             }
-            target -= w;
+            target -= w as f64;
         }
-        self.candidates.last().map(|c| c.0).unwrap_or(0)
+        self.candidates.last().map(|c| c.0).unwrap_or_else(|| argmax(logits))
     }
 
     /// Repetition, presence and frequency penalties, llama.cpp style.
@@ -175,6 +178,36 @@ impl Sampler {
             *logit -= count as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
+}
+
+/// Natural log of the relative probability (1e-12) below which a token is ignored.
+const NEGLIGIBLE_LOG_PROB: f32 = 27.6;
+
+/// The k-th largest logit (NaN ignored), by one pass with a small min-heap.
+fn kth_largest(logits: &[f32], k: usize) -> f32 {
+    use std::cmp::Reverse;
+    use std::collections::BinaryHeap;
+    #[derive(PartialEq, PartialOrd)]
+    struct Ordered(f32);
+    impl Eq for Ordered {}
+    impl Ord for Ordered {
+        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+            self.0.total_cmp(&other.0)
+        }
+    }
+    let mut heap: BinaryHeap<Reverse<Ordered>> = BinaryHeap::with_capacity(k + 1);
+    for &l in logits {
+        if l.is_nan() {
+            continue;
+        }
+        if heap.len() < k {
+            heap.push(Reverse(Ordered(l)));
+        } else if heap.peek().is_some_and(|Reverse(min)| l > min.0) {
+            heap.pop();
+            heap.push(Reverse(Ordered(l)));
+        }
+    }
+    heap.peek().map(|Reverse(o)| o.0).unwrap_or(f32::NEG_INFINITY)
 }
 
 /// Index of the largest logit (the first one on ties; NaN never wins).

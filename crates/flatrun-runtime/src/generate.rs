@@ -3,6 +3,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions};
 use crate::model::Model;
+use flatrun_model::sampling::{Sampler, SamplingParams, StopMatcher};
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -37,11 +38,8 @@ impl From<&[u32]> for Prompt {
 /// Settings of one generation.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
-    /// Temperature (0 = greedy arg-max), seed and truncation.
-    pub temperature: f32,
-    pub top_k: usize,
-    pub top_p: f32,
-    pub seed: u64,
+    /// Temperature, truncation, penalties and seed (default: greedy).
+    pub sampling: SamplingParams,
     /// Most tokens to generate.
     pub max_new: usize,
     /// Stop strings (the text before them is emitted, they are not).
@@ -54,10 +52,7 @@ impl GenerateOptions {
     /// Greedy decoding of up to `max_new` tokens.
     pub fn greedy(max_new: usize) -> GenerateOptions {
         GenerateOptions {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            seed: 0,
+            sampling: SamplingParams::default(),
             max_new,
             stop: Vec::new(),
             stop_at_eos: true,
@@ -104,9 +99,10 @@ pub struct Generation<'m> {
     pending: Vec<u32>,
     opts: GenerateOptions,
     generated: usize,
-    /// Raw bytes not yet emitted (incomplete UTF-8 or a possible stop prefix).
+    /// Raw bytes of an incomplete UTF-8 sequence not yet emitted.
     held: Vec<u8>,
-    rng: u64,
+    sampler: Sampler,
+    stops: StopMatcher,
     finished: bool,
 }
 
@@ -115,7 +111,8 @@ impl<'m> Generation<'m> {
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyStep);
         }
-        let rng = opts.seed ^ 0x9E37_79B9_7F4A_7C15;
+        let sampler = Sampler::new(opts.sampling.clone());
+        let stops = StopMatcher::new(opts.stop.iter().cloned());
         Ok(Generation {
             model,
             seq,
@@ -123,7 +120,8 @@ impl<'m> Generation<'m> {
             opts,
             generated: 0,
             held: Vec::new(),
-            rng,
+            sampler,
+            stops,
             finished: false,
         })
     }
@@ -151,21 +149,19 @@ impl<'m> Generation<'m> {
             }));
         }
         let tokens = std::mem::take(&mut self.pending);
-        let out = self
+        let mut out = self
             .model
             .executor
             .step(&mut self.seq, &tokens, StepOptions::default())?;
+        // Pick the next token.
         let t0 = std::time::Instant::now();
-        let id = self.sample(&out.logits);
+        let id = self.sampler.sample(&mut out.logits, self.seq.tokens());
         self.model.executor.profiler.record_other("sampling", t0.elapsed());
         self.generated += 1;
         self.pending = vec![id];
 
         let tok = self.model.tokenizer()?;
         let is_eos = self.opts.stop_at_eos && tok.stop_ids().contains(&id);
-        if !is_eos {
-            self.held.extend_from_slice(&tok.token_to_piece(id));
-        }
         let mut finish = if is_eos {
             Some(FinishReason::Eos)
         } else if self.generated >= self.opts.max_new {
@@ -173,90 +169,36 @@ impl<'m> Generation<'m> {
         } else {
             None
         };
-        // Emit the held bytes up to a stop string, an incomplete UTF-8
-        // sequence, or a suffix that could still become a stop string.
-        let text = String::from_utf8_lossy(&self.held).into_owned();
-        let valid_len = match std::str::from_utf8(&self.held) {
+        // Complete UTF-8 text so far (an incomplete sequence is held back).
+        if !is_eos {
+            self.held.extend_from_slice(&tok.token_to_piece(id));
+        }
+        let complete = match std::str::from_utf8(&self.held) {
             Ok(_) => self.held.len(),
-            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(e) if e.error_len().is_none() && finish.is_none() => e.valid_up_to(),
             Err(_) => self.held.len(),
         };
-        let mut emit_len = if finish.is_some() { text.len() } else { valid_len.min(text.len()) };
-        for stop in &self.opts.stop {
-            if let Some(at) = text.find(stop.as_str()) {
-                if at <= emit_len {
-                    emit_len = at;
-                    finish = Some(FinishReason::Stop(stop.clone()));
-                }
-            }
+        let piece = String::from_utf8_lossy(&self.held[..complete]).into_owned();
+        self.held.drain(..complete);
+        // Stop strings may span tokens: the matcher holds back possible prefixes.
+        let matched = self.stops.push(&piece);
+        let mut text = matched.emit;
+        if matched.stopped {
+            finish = Some(FinishReason::Stop(
+                self.opts
+                    .stop
+                    .iter()
+                    .find(|s| !s.is_empty())
+                    .cloned()
+                    .unwrap_or_default(),
+            ));
+        } else if finish.is_some() {
+            text.push_str(&self.stops.finish());
         }
-        if !matches!(finish, Some(FinishReason::Stop(_))) && finish.is_none() {
-            // Hold back a tail that is a prefix of some stop string.
-            for stop in &self.opts.stop {
-                for k in (1..stop.len()).rev() {
-                    if stop.is_char_boundary(k) && text[..emit_len].ends_with(&stop[..k]) {
-                        emit_len = emit_len.min(emit_len - k);
-                        break;
-                    }
-                }
-            }
-        }
-        let emitted = text[..emit_len].to_string();
-        self.held = text.as_bytes()[emit_len..].to_vec();
         if finish.is_some() {
             self.finished = true;
-            self.held.clear();
         }
-        Ok(Some(TokenEvent {
-            id,
-            text: emitted,
-            finish,
-        }))
-    }
-
-    /// Greedy arg-max, or temperature / top-k / top-p sampling.
-    fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.opts.temperature <= 0.0 {
-            return argmax(logits);
-        }
-        let mut cand: Vec<(u32, f32)> = logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l / self.opts.temperature))
-            .collect();
-        let k = if self.opts.top_k == 0 { cand.len() } else { self.opts.top_k.min(cand.len()) };
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
-            cand.truncate(k);
-        }
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1));
-        let max = cand.first().map_or(0.0, |c| c.1);
-        let mut probs: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
-        let sum: f32 = probs.iter().sum();
-        probs.iter_mut().for_each(|p| *p /= sum);
-        let mut cum = 0.0;
-        let mut keep = probs.len();
-        for (i, p) in probs.iter().enumerate() {
-            cum += p;
-            if cum >= self.opts.top_p {
-                keep = i + 1;
-                break;
-            }
-        }
-        let total: f32 = probs[..keep].iter().sum();
-        // xorshift64* step
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let r = (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
-        let mut acc = 0.0;
-        for (i, p) in probs[..keep].iter().enumerate() {
-            acc += p / total;
-            if r < acc {
-                return cand[i].0;
-            }
-        }
-        cand[keep - 1].0
+        Ok(Some(TokenEvent { id, text, finish }))
     }
 }
 

@@ -36,11 +36,13 @@ pub mod residency;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
-pub use generate::{FinishReason, GenerateOptions, Generation, TokenEvent};
+pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency};
 pub use profiler::Profiler;
 pub use residency::ResidencyPlan;
 
+pub use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
+pub use flatrun_model::sampling::SamplingParams;
 pub use flatrun_model::tokenizer::Tokenizer;
 pub use flatrun_model::{Arch, ModelConfig};

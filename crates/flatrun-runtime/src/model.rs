@@ -8,6 +8,7 @@ use crate::generate::{GenerateOptions, Generation, Prompt};
 use crate::options::LoadOptions;
 use crate::profiler::Profiler;
 use flatrun_format::StorageBackend;
+use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
 use flatrun_model::{Manifest, ModelConfig};
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ pub struct Model {
     path: PathBuf,
     pub(crate) executor: StreamingExecutor,
     pub(crate) tokenizer: std::result::Result<Tokenizer, String>,
+    template: std::result::Result<ChatTemplate, String>,
 }
 
 impl Model {
@@ -26,10 +28,12 @@ impl Model {
     pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Model> {
         let path = path.as_ref().to_path_buf();
         let backend: Arc<dyn StorageBackend> = Arc::from(flatrun_format::open(&path)?);
-        let (mut cfg, tokenizer) = if backend.name() == "gguf" {
+        let (mut cfg, tokenizer, template) = if backend.name() == "gguf" {
             let md = backend.metadata();
+            let cfg = ModelConfig::from_gguf(md)?;
             let tok = Tokenizer::from_gguf_metadata(md).map_err(|e| e.to_string());
-            (ModelConfig::from_gguf(md)?, tok)
+            let tpl = ChatTemplate::from_gguf_metadata(md, cfg.arch.name()).map_err(|e| e.to_string());
+            (cfg, tok, tpl)
         } else {
             let dir = backend.directory().map(Path::to_path_buf).ok_or_else(|| {
                 RuntimeError::Config {
@@ -39,7 +43,8 @@ impl Model {
             })?;
             let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
             let tok = Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
-            (cfg, tok)
+            let tpl = ChatTemplate::from_hf_dir(&dir, cfg.arch.name()).map_err(|e| e.to_string());
+            (cfg, tok, tpl)
         };
         let manifest = Manifest::build(&cfg, backend.tensors())?;
         cfg.vocab_size = manifest.vocab_size();
@@ -52,6 +57,7 @@ impl Model {
             path,
             executor,
             tokenizer,
+            template,
         })
     }
 
@@ -84,6 +90,26 @@ impl Model {
         self.tokenizer
             .as_ref()
             .map_err(|e| RuntimeError::Tokenizer(e.clone()))
+    }
+
+    /// The chat template (from the checkpoint, or the family's built-in one).
+    pub fn chat_template(&self) -> Result<&ChatTemplate> {
+        self.template
+            .as_ref()
+            .map_err(|e| RuntimeError::ChatTemplate(e.clone()))
+    }
+
+    /// Render a conversation with the chat template, ending with the
+    /// assistant's turn opened when `add_generation_prompt`.
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let tok = self.tokenizer()?;
+        let piece = |id: Option<u32>| {
+            id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned())
+                .unwrap_or_default()
+        };
+        self.chat_template()?
+            .render(messages, add_generation_prompt, &piece(tok.bos()), &piece(tok.eos()))
+            .map_err(|e| RuntimeError::ChatTemplate(e.to_string()))
     }
 
     /// Tokenize `text` (BOS/EOS per the checkpoint when `add_special`;

@@ -385,8 +385,8 @@ impl<M: BatchModel> Worker<M> {
             running.job.sink.send(GenerationEvent::Failed {
                 message: message.to_string(),
             });
-            self.model.free(running.seq);
             self.release_slot();
+            self.model.free(running.seq);
         }
         self.publish_counts();
     }
@@ -402,8 +402,8 @@ impl<M: BatchModel> Worker<M> {
             if self.active[index].job.sink.is_cancelled() {
                 let running = self.active.swap_remove(index);
                 tracing::debug!(seq = running.seq.0, "client gone: sequence freed");
-                self.model.free(running.seq);
                 self.release_slot();
+                self.model.free(running.seq);
             } else {
                 index += 1;
             }
@@ -533,8 +533,8 @@ impl<M: BatchModel> Worker<M> {
             if let Some(event) = event {
                 running.job.sink.send(event);
             }
-            self.model.free(running.seq);
             self.release_slot();
+            self.model.free(running.seq);
         }
         if let Some(residency) = self.model.residency() {
             self.shared

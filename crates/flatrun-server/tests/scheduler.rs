@@ -54,8 +54,12 @@ async fn concurrent_sequences_share_each_step() {
     assert_eq!(stats.max_batch.load(Ordering::SeqCst), 4);
     // 4 × 20 tokens in about 21 steps, not 84.
     assert!(stats.steps.load(Ordering::SeqCst) <= 30, "{} steps", stats.steps.load(Ordering::SeqCst));
-    assert_eq!(stats.live_sequences.load(Ordering::SeqCst), 0);
     assert_eq!(engine.stats().generated_tokens_total, 80);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stats.live_sequences.load(Ordering::SeqCst) != 0 {
+        assert!(std::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 #[tokio::test]
@@ -85,6 +89,9 @@ async fn full_queue_is_refused_immediately() {
     };
     let (engine, stats) = mock_engine(endless(), scheduler).unwrap();
     let held: Vec<_> = (0..3).map(|_| engine.submit(greedy("Hi", 100_000)).unwrap()).collect();
+    while engine.stats().active_sequences != 2 || engine.stats().queued_requests != 1 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
     match engine.submit(greedy("Hi", 10)) {
         Err(EngineError::QueueFull { limit, .. }) => assert_eq!(limit, 3),
         other => panic!("expected QueueFull, got {other:?}"),
@@ -128,7 +135,7 @@ async fn http_queue_full_is_429_for_openai_and_529_for_anthropic() {
     let server = TestServer::start(endless(), scheduler, config()).await;
     let stream_body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000, "stream": true}).to_string();
     // One running, one queued (it never produces a token, so wait for its headers only).
-    let (_running, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &stream_body, "content").await;
+    let (_running, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &stream_body, r#""content":"l""#).await;
     let (_queued, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &stream_body, "\r\n\r\n").await;
 
     let openai = server
@@ -141,6 +148,8 @@ async fn http_queue_full_is_429_for_openai_and_529_for_anthropic() {
         .await;
     assert_eq!(anthropic.status, 529, "{}", anthropic.body);
     assert_eq!(anthropic.json()["error"]["type"], "overloaded_error");
+    // The worker picks up the queued request at its next step.
+    tokio::time::sleep(Duration::from_millis(50)).await;
     let metrics = server.get("/metrics").await.body;
     assert!(metrics.contains("flatrun_queue_depth 1"), "{metrics}");
     assert!(metrics.contains("flatrun_active_sequences 1"), "{metrics}");
@@ -151,8 +160,8 @@ async fn client_disconnect_mid_stream_frees_its_sequence() {
     let server = TestServer::start(endless(), SchedulerConfig::default(), config()).await;
     let openai = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000, "stream": true}).to_string();
     let anthropic = json!({"model": "mock", "max_tokens": 100_000, "stream": true, "messages": [{"role": "user", "content": "Hi"}]}).to_string();
-    let (a, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &openai, "mock").await;
-    let (b, _) = open_stream_until(server.addr, "/v1/messages", &[], &anthropic, "mock").await;
+    let (a, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &openai, r#""content":"l""#).await;
+    let (b, _) = open_stream_until(server.addr, "/v1/messages", &[], &anthropic, r#""text":"l""#).await;
     assert_eq!(server.stats.live_sequences.load(Ordering::SeqCst), 2);
     drop(a);
     drop(b);

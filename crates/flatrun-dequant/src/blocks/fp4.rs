@@ -49,7 +49,13 @@ pub struct BlockMxfp4 {
     /// 32 4-bit codes: low nibble weight `j`, high nibble weight `j + 16`.
     pub qs: [u8; 16],
 }
-block_format!(BlockMxfp4, MXFP4, elems = 32, bytes = 17, partner = super::BlockQ8_0);
+block_format!(
+    BlockMxfp4,
+    MXFP4,
+    elems = 32,
+    bytes = 17,
+    partner = super::BlockQ8_0
+);
 
 impl BlockMxfp4 {
     fn decode(&self, out: &mut [f32; 32]) {
@@ -75,7 +81,13 @@ pub struct BlockNvfp4 {
     /// 8 bytes per sub-block: low nibble weight `j`, high nibble `j + 8`.
     pub qs: [u8; 32],
 }
-block_format!(BlockNvfp4, NVFP4, elems = 64, bytes = 36, partner = super::BlockQ8_0);
+block_format!(
+    BlockNvfp4,
+    NVFP4,
+    elems = 64,
+    bytes = 36,
+    partner = super::BlockQ8_0
+);
 
 impl BlockNvfp4 {
     fn decode(&self, out: &mut [f32; 64]) {

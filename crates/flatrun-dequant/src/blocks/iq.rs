@@ -51,7 +51,13 @@ pub struct BlockIq2Xxs {
     /// sign indices and a 4-bit scale in the top bits.
     pub qs: [u16; QK_K / 8],
 }
-block_format!(BlockIq2Xxs, IQ2_XXS, elems = 256, bytes = 66, partner = super::BlockQ8K);
+block_format!(
+    BlockIq2Xxs,
+    IQ2_XXS,
+    elems = 256,
+    bytes = 66,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq2Xxs {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -88,7 +94,13 @@ pub struct BlockIq2Xs {
     /// Two 4-bit scales per 32 weights.
     pub scales: [u8; QK_K / 32],
 }
-block_format!(BlockIq2Xs, IQ2_XS, elems = 256, bytes = 74, partner = super::BlockQ8K);
+block_format!(
+    BlockIq2Xs,
+    IQ2_XS,
+    elems = 256,
+    bytes = 74,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq2Xs {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -129,7 +141,13 @@ pub struct BlockIq2S {
     /// Two 4-bit scales per 32 weights.
     pub scales: [u8; QK_K / 32],
 }
-block_format!(BlockIq2S, IQ2_S, elems = 256, bytes = 82, partner = super::BlockQ8K);
+block_format!(
+    BlockIq2S,
+    IQ2_S,
+    elems = 256,
+    bytes = 82,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq2S {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -168,7 +186,13 @@ pub struct BlockIq3Xxs {
     /// and a 4-bit scale.
     pub qs: [u8; 3 * QK_K / 8],
 }
-block_format!(BlockIq3Xxs, IQ3_XXS, elems = 256, bytes = 98, partner = super::BlockQ8K);
+block_format!(
+    BlockIq3Xxs,
+    IQ3_XXS,
+    elems = 256,
+    bytes = 98,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq3Xxs {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -212,7 +236,13 @@ pub struct BlockIq3S {
     /// Two 4-bit scales per 64 weights (`1 + 2*s`).
     pub scales: [u8; QK_K / 64],
 }
-block_format!(BlockIq3S, IQ3_S, elems = 256, bytes = 110, partner = super::BlockQ8K);
+block_format!(
+    BlockIq3S,
+    IQ3_S,
+    elems = 256,
+    bytes = 110,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq3S {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -226,7 +256,8 @@ impl BlockIq3S {
             let signs = &self.signs[4 * ib32..4 * ib32 + 4];
             for l in 0..4 {
                 let grid1 = IQ3S_GRID[(qs[2 * l] as u32 | ((qh << (8 - 2 * l)) & 256)) as usize];
-                let grid2 = IQ3S_GRID[(qs[2 * l + 1] as u32 | ((qh << (7 - 2 * l)) & 256)) as usize];
+                let grid2 =
+                    IQ3S_GRID[(qs[2 * l + 1] as u32 | ((qh << (7 - 2 * l)) & 256)) as usize];
                 let y = &mut out[32 * ib32 + 8 * l..32 * ib32 + 8 * l + 8];
                 for j in 0..4 {
                     y[j] = db * grid4(grid1, j) * sign(signs[l], j);
@@ -259,7 +290,13 @@ pub struct BlockIq1S {
     /// 12..15) and the sign of the shift (bit 15).
     pub qh: [u16; QK_K / 32],
 }
-block_format!(BlockIq1S, IQ1_S, elems = 256, bytes = 50, partner = super::BlockQ8K);
+block_format!(
+    BlockIq1S,
+    IQ1_S,
+    elems = 256,
+    bytes = 50,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq1S {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -267,7 +304,11 @@ impl BlockIq1S {
         for ib in 0..QK_K / 32 {
             let qh = self.qh[ib] as u32;
             let dl = d * (2 * ((qh >> 12) & 7) + 1) as f32;
-            let delta = if qh & 0x8000 != 0 { -IQ1S_DELTA } else { IQ1S_DELTA };
+            let delta = if qh & 0x8000 != 0 {
+                -IQ1S_DELTA
+            } else {
+                IQ1S_DELTA
+            };
             for l in 0..4 {
                 let idx = self.qs[4 * ib + l] as u32 | (((qh >> (3 * l)) & 7) << 8);
                 let grid = IQ1S_GRID[idx as usize];
@@ -297,7 +338,13 @@ pub struct BlockIq1M {
     /// their top nibbles.
     pub scales: [u8; QK_K / 32],
 }
-block_format!(BlockIq1M, IQ1_M, elems = 256, bytes = 56, partner = super::BlockQ8K);
+block_format!(
+    BlockIq1M,
+    IQ1_M,
+    elems = 256,
+    bytes = 56,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq1M {
     /// The four scale words.
@@ -314,7 +361,8 @@ impl BlockIq1M {
     /// The super-block scale, gathered from the top nibbles.
     pub fn super_scale(&self) -> f32 {
         let sc = self.scale_words();
-        let bits = (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
+        let bits =
+            (sc[0] >> 12) | ((sc[1] >> 8) & 0x00F0) | ((sc[2] >> 4) & 0x0F00) | (sc[3] & 0xF000);
         f16::from_bits(bits).to_f32()
     }
 
@@ -335,10 +383,26 @@ impl BlockIq1M {
                 qs[3] as u32 | ((qh[1] << 4) & 0x700),
             ];
             let delta = [
-                if qh[0] & 0x08 != 0 { -IQ1S_DELTA } else { IQ1S_DELTA },
-                if qh[0] & 0x80 != 0 { -IQ1S_DELTA } else { IQ1S_DELTA },
-                if qh[1] & 0x08 != 0 { -IQ1S_DELTA } else { IQ1S_DELTA },
-                if qh[1] & 0x80 != 0 { -IQ1S_DELTA } else { IQ1S_DELTA },
+                if qh[0] & 0x08 != 0 {
+                    -IQ1S_DELTA
+                } else {
+                    IQ1S_DELTA
+                },
+                if qh[0] & 0x80 != 0 {
+                    -IQ1S_DELTA
+                } else {
+                    IQ1S_DELTA
+                },
+                if qh[1] & 0x08 != 0 {
+                    -IQ1S_DELTA
+                } else {
+                    IQ1S_DELTA
+                },
+                if qh[1] & 0x80 != 0 {
+                    -IQ1S_DELTA
+                } else {
+                    IQ1S_DELTA
+                },
             ];
             for l in 0..4 {
                 let dl = if l < 2 { dl1 } else { dl2 };
@@ -365,7 +429,13 @@ pub struct BlockIq4Nl {
     /// 4-bit table indices: low nibble weight `j`, high nibble `j + 16`.
     pub qs: [u8; 16],
 }
-block_format!(BlockIq4Nl, IQ4_NL, elems = 32, bytes = 18, partner = super::BlockQ8_0);
+block_format!(
+    BlockIq4Nl,
+    IQ4_NL,
+    elems = 32,
+    bytes = 18,
+    partner = super::BlockQ8_0
+);
 
 impl BlockIq4Nl {
     fn decode(&self, out: &mut [f32; 32]) {
@@ -394,7 +464,13 @@ pub struct BlockIq4Xs {
     /// 4-bit table indices, 16 bytes per 32 weights (as IQ4_NL).
     pub qs: [u8; QK_K / 2],
 }
-block_format!(BlockIq4Xs, IQ4_XS, elems = 256, bytes = 136, partner = super::BlockQ8K);
+block_format!(
+    BlockIq4Xs,
+    IQ4_XS,
+    elems = 256,
+    bytes = 136,
+    partner = super::BlockQ8K
+);
 
 impl BlockIq4Xs {
     fn decode(&self, out: &mut [f32; QK_K]) {

@@ -15,7 +15,13 @@ pub struct BlockQ1_0 {
     /// Sign bits: bit `j % 8` of byte `j / 8` is weight `j`.
     pub qs: [u8; 128 / 8],
 }
-block_format!(BlockQ1_0, Q1_0, elems = 128, bytes = 18, partner = super::BlockQ8_0);
+block_format!(
+    BlockQ1_0,
+    Q1_0,
+    elems = 128,
+    bytes = 18,
+    partner = super::BlockQ8_0
+);
 
 impl BlockQ1_0 {
     fn decode(&self, out: &mut [f32; 128]) {
@@ -40,7 +46,13 @@ pub struct BlockQ2_0 {
     /// 2-bit quants: bits `2*(j%4)..` of byte `j / 4` are weight `j`.
     pub qs: [u8; 64 / 4],
 }
-block_format!(BlockQ2_0, Q2_0, elems = 64, bytes = 18, partner = super::BlockQ8_0);
+block_format!(
+    BlockQ2_0,
+    Q2_0,
+    elems = 64,
+    bytes = 18,
+    partner = super::BlockQ8_0
+);
 
 impl BlockQ2_0 {
     fn decode(&self, out: &mut [f32; 64]) {
@@ -67,7 +79,13 @@ pub struct BlockTq1_0 {
     /// Scale.
     pub d: f16,
 }
-block_format!(BlockTq1_0, TQ1_0, elems = 256, bytes = 54, partner = super::BlockQ8K);
+block_format!(
+    BlockTq1_0,
+    TQ1_0,
+    elems = 256,
+    bytes = 54,
+    partner = super::BlockQ8K
+);
 
 /// Trit `n` of a TQ1_0 byte: multiply by 3^n (mod 256) and take the top
 /// "digit" of `3 * q / 256`, giving 0, 1 or 2.
@@ -114,7 +132,13 @@ pub struct BlockTq2_0 {
     /// Scale.
     pub d: f16,
 }
-block_format!(BlockTq2_0, TQ2_0, elems = 256, bytes = 66, partner = super::BlockQ8K);
+block_format!(
+    BlockTq2_0,
+    TQ2_0,
+    elems = 256,
+    bytes = 66,
+    partner = super::BlockQ8K
+);
 
 impl BlockTq2_0 {
     fn decode(&self, out: &mut [f32; QK_K]) {

@@ -74,7 +74,10 @@ pub struct ScaleList {
 
 impl ScaleList {
     /// No scales.
-    pub const EMPTY: ScaleList = ScaleList { values: [0.0; 4], len: 0 };
+    pub const EMPTY: ScaleList = ScaleList {
+        values: [0.0; 4],
+        len: 0,
+    };
 
     /// The given scales (at most four are kept).
     pub fn of(values: &[f32]) -> ScaleList {
@@ -111,6 +114,7 @@ macro_rules! block_format {
             const TYPE: ::flatrun_format::GgmlType = ::flatrun_format::GgmlType::$ty;
             type DotPartner = $partner;
             fn dequantize(&self, out: &mut [f32]) {
+                // Slicing to exactly BLOCK_ELEMS makes the conversion infallible.
                 let out: &mut [f32; $elems] = (&mut out[..$elems])
                     .try_into()
                     .expect("slice of exactly BLOCK_ELEMS");

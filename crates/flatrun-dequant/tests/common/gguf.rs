@@ -86,7 +86,12 @@ pub fn tensors(path: &Path) -> Vec<GgufTensor> {
         let ne = (0..nd).map(|_| u64_(&mut r)).collect();
         let type_id = u32_(&mut r);
         let offset = u64_(&mut r);
-        out.push(GgufTensor { name, type_id, ne, offset });
+        out.push(GgufTensor {
+            name,
+            type_id,
+            ne,
+            offset,
+        });
     }
     let pos = r.stream_position().unwrap();
     let data_start = pos.div_ceil(alignment) * alignment;

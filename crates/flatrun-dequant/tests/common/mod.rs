@@ -77,7 +77,10 @@ pub fn test_inputs(seed: u64, n_chunks: usize) -> Vec<f32> {
 }
 
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests").join("fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("fixtures")
+        .join(name)
 }
 
 /// The GGML type named as ggml prints it.
@@ -116,13 +119,16 @@ pub fn models_dir() -> PathBuf {
     std::env::var_os("FLATRUN_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models")
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/models")
         })
 }
 
 /// Whether missing models fail the test (`FLATRUN_REQUIRE_MODELS=1`).
 pub fn require_models() -> bool {
-    std::env::var("FLATRUN_REQUIRE_MODELS").map(|v| v == "1").unwrap_or(false)
+    std::env::var("FLATRUN_REQUIRE_MODELS")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// Bit equality with every NaN equal.

@@ -10,7 +10,9 @@ pub fn model_path(name: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("FLATRUN_MODELS")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
+            let home = std::env::var_os("HOME")
+                .map(PathBuf::from)
+                .unwrap_or_default();
             home.join(".cache/flatrun/models")
         });
     let path = dir.join(name);
@@ -18,15 +20,23 @@ pub fn model_path(name: &str) -> Option<PathBuf> {
         return Some(path);
     }
     if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("model {} is missing and FLATRUN_REQUIRE_MODELS=1", path.display());
+        panic!(
+            "model {} is missing and FLATRUN_REQUIRE_MODELS=1",
+            path.display()
+        );
     }
-    eprintln!("skipping: model {} not found (set FLATRUN_MODELS)", path.display());
+    eprintln!(
+        "skipping: model {} not found (set FLATRUN_MODELS)",
+        path.display()
+    );
     None
 }
 
 /// Path of a committed fixture.
 pub fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
 }
 
 /// A minimal GGUF writer for tests: build headers byte by byte, including
@@ -74,7 +84,13 @@ pub mod gguf_writer {
             self.string(key).u32(8).string(v)
         }
         /// A tensor-info entry with `dims` fastest axis first.
-        pub fn tensor(&mut self, name: &str, dims: &[u64], ggml_type: u32, offset: u64) -> &mut Self {
+        pub fn tensor(
+            &mut self,
+            name: &str,
+            dims: &[u64],
+            ggml_type: u32,
+            offset: u64,
+        ) -> &mut Self {
             self.string(name).u32(dims.len() as u32);
             for &d in dims {
                 self.u64(d);
@@ -102,11 +118,16 @@ pub mod gguf_writer {
 pub mod safetensors_writer {
     /// `(name, dtype, shape, bytes)` → a safetensors file, tensors stored in
     /// the given order, with optional `__metadata__`.
-    pub fn safetensors_bytes(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)], metadata: &[(&str, &str)]) -> Vec<u8> {
+    pub fn safetensors_bytes(
+        tensors: &[(&str, &str, Vec<usize>, Vec<u8>)],
+        metadata: &[(&str, &str)],
+    ) -> Vec<u8> {
         let mut header = serde_json::Map::new();
         if !metadata.is_empty() {
-            let m: serde_json::Map<String, serde_json::Value> =
-                metadata.iter().map(|(k, v)| (k.to_string(), serde_json::Value::from(*v))).collect();
+            let m: serde_json::Map<String, serde_json::Value> = metadata
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+                .collect();
             header.insert("__metadata__".into(), m.into());
         }
         let mut data = Vec::new();
@@ -131,6 +152,8 @@ pub mod safetensors_writer {
 
     /// `n` bytes counting up from `seed`.
     pub fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n).map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed)).collect()
+        (0..n)
+            .map(|i| (i as u8).wrapping_mul(7).wrapping_add(seed))
+            .collect()
     }
 }

@@ -65,7 +65,8 @@ macro_rules! x86_kernels {
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn f16_at(p: *const u8) -> f32 {
-                half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32()
+                let bits = u16::from_le_bytes([*p, *p.add(1)]);
+                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
             }
 
             /// 16 bytes of nibbles → 32 bytes: low nibbles first, then high nibbles.
@@ -531,12 +532,13 @@ macro_rules! x86_kernels {
             }
 
             /// One weight of a plain-float row as f32.
-            #[inline(always)]
+            #[inline]
+            #[target_feature(enable = $features)]
             unsafe fn scalar_value<const T: u32>(p: *const u8) -> f32 {
                 const F16: u32 = GgmlType::F16 as u32;
                 const BF16: u32 = GgmlType::BF16 as u32;
                 match T {
-                    F16 => half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
+                    F16 => f16_at(p),
                     BF16 => half::bf16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
                     _ => f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]),
                 }

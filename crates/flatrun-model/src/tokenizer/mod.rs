@@ -106,7 +106,7 @@ impl Tokenizer {
                 };
                 let merges = r.str_array("tokenizer.ggml.merges")?.ok_or_else(|| TokenizerError::MissingKey { key: "tokenizer.ggml.merges".into() })?;
                 let engine = ByteLevelBpe::new(&vocab, &merges, &spec, pre)?;
-                let add_bos = r.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+                let add_bos = r.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(spec.add_bos_default);
                 let add_eos = r.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
                 let kind = format!("gpt2 BPE ({})", spec.family);
                 Ok(Self::assemble(vocab, Engine::ByteLevelBpe(Box::new(engine)), PieceStyle::ByteLevel, add_bos, add_eos, false, phi3, kind, warnings))

@@ -19,16 +19,20 @@ pub(crate) struct PreTokenizerSpec {
     pub regexes: Vec<String>,
     /// Whether a whole pre-token that is itself a vocabulary entry skips the merges.
     pub ignore_merges: bool,
+    /// Whether BOS is added when the GGUF has no `add_bos_token` (llama.cpp's default).
+    pub add_bos_default: bool,
 }
 
 /// The regexes for a `tokenizer.ggml.pre` value, or `None` when it is unknown.
 pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
     let llama3 = format!(r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+");
     let qwen2 = format!(r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+");
-    let spec = |family: &'static str, regexes: Vec<String>, ignore_merges: bool| Some(PreTokenizerSpec { family, regexes, ignore_merges });
+    let spec = |family: &'static str, regexes: Vec<String>, ignore_merges: bool| Some(PreTokenizerSpec { family, regexes, ignore_merges, add_bos_default: false });
     match pre {
         "default" | "" => spec("default", default_regexes(), false),
-        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" => spec("llama-bpe", vec![llama3], true),
+        "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
+            spec("llama-bpe", vec![llama3], true).map(|s| PreTokenizerSpec { add_bos_default: true, ..s })
+        }
         "dbrx" | "smaug-bpe" => spec("llama-bpe", vec![llama3], false),
         "chatglm-bpe" => spec("chatglm-bpe", vec![llama3], false),
         "glm4" | "glm5" => spec("chatglm-bpe", vec![llama3], true),
@@ -84,7 +88,8 @@ pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
             "tekken",
             vec![r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+".into()],
             true,
-        ),
+        )
+        .map(|s| PreTokenizerSpec { add_bos_default: true, ..s }),
         "gpt-4o" | "minimax-m2" => spec(
             "gpt-4o",
             vec![format!(r"[^\r\n\p{{L}}\p{{N}}]?((?=[\p{{L}}])([^a-z]))*((?=[\p{{L}}])([^A-Z]))+{CONTRACTIONS_ANY_CASE}?|[^\r\n\p{{L}}\p{{N}}]?((?=[\p{{L}}])([^a-z]))+((?=[\p{{L}}])([^A-Z]))*{CONTRACTIONS_ANY_CASE}?|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")],

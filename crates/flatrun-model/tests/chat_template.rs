@@ -1,0 +1,150 @@
+//! Chat templates: the models' own templates rendered like Python jinja2
+//! (fixtures from `scripts/gen_tokenizer_fixtures.py chat`), fallbacks by
+//! architecture, Hugging Face helpers, and hostile templates that must fail
+//! with a clear error instead of running away.
+
+use std::path::Path;
+
+use flatrun_model::chat_template::{ChatMessage, ChatTemplate, TemplateError, TemplateLimits};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Case {
+    messages: Vec<ChatMessage>,
+    add_generation_prompt: bool,
+    bos_token: String,
+    eos_token: String,
+    rendered: String,
+}
+
+#[derive(Deserialize)]
+struct Fixture {
+    template: String,
+    cases: Vec<Case>,
+}
+
+fn check_fixture(file: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(file);
+    let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("parse");
+    let template = ChatTemplate::from_source("custom (from file)", &fixture.template).expect("compile");
+    for case in &fixture.cases {
+        let got = template.render(&case.messages, case.add_generation_prompt, &case.bos_token, &case.eos_token).expect("render");
+        assert_eq!(got, case.rendered, "{file}: {} messages", case.messages.len());
+    }
+}
+
+#[test]
+fn smollm2_template_matches_jinja2() {
+    check_fixture("chat_smollm2.json");
+}
+
+#[test]
+fn qwen25_template_matches_jinja2() {
+    check_fixture("chat_qwen2.5.json");
+}
+
+#[test]
+fn real_gguf_templates_load_from_metadata() {
+    let models = std::env::var_os("FLATRUN_MODELS").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"));
+    for (file, arch, name) in [
+        ("SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "custom (from file)"),
+        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2", "custom (from file)"),
+        ("gemma-3-270m-q4_k_m.gguf", "gemma3", "Gemma"),
+    ] {
+        let path = models.join(file);
+        if !path.exists() {
+            assert_ne!(std::env::var("FLATRUN_REQUIRE_MODELS").as_deref(), Ok("1"), "{} missing", path.display());
+            eprintln!("skipping {file}: missing");
+            continue;
+        }
+        let backend = flatrun_format::open(&path).expect("open");
+        let template = ChatTemplate::from_gguf_metadata(backend.metadata(), arch).expect("template");
+        assert_eq!(template.name(), name, "{file}");
+        let prompt = template.render(&[ChatMessage::new("user", "Hi")], true, "<bos>", "<eos>").expect("render");
+        assert!(prompt.contains("Hi"), "{file}: {prompt:?}");
+    }
+}
+
+#[test]
+fn fallbacks_by_architecture() {
+    let conv = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello!"), ChatMessage::new("user", "Bye")];
+    let chatml = ChatTemplate::builtin_for_arch("qwen3", false);
+    assert_eq!(chatml.name(), "ChatML");
+    assert_eq!(
+        chatml.render(&conv[1..2], true, "", "").unwrap(),
+        "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    );
+    assert_eq!(ChatTemplate::builtin_for_arch("llama", true).name(), "ChatML");
+    let gemma = ChatTemplate::builtin_for_arch("gemma3", false);
+    assert_eq!(gemma.name(), "Gemma");
+    assert_eq!(
+        gemma.render(&conv, true, "<bos>", "<eos>").unwrap(),
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    );
+    let llama3 = ChatTemplate::builtin_for_arch("llama3", false);
+    assert_eq!(llama3.name(), "Llama 3");
+    assert_eq!(
+        llama3.render(&conv[1..2], true, "<|begin_of_text|>", "").unwrap(),
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+    let llama2 = ChatTemplate::builtin_for_arch("llama", false);
+    assert_eq!(llama2.name(), "Llama 2");
+    assert_eq!(
+        llama2.render(&conv, false, "<s>", "</s>").unwrap(),
+        "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\nHi [/INST] Hello! </s><s>[INST] Bye [/INST]"
+    );
+}
+
+#[test]
+fn hugging_face_helpers() {
+    let t = ChatTemplate::from_source(
+        "t",
+        "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% if m.content.startswith('x') %}{{ m.content.strip().upper() }}{% endif %}{% endfor %}{{ ns.n }}|{{ messages[0] | tojson }}|{{ strftime_now('%Y')|length }}",
+    )
+    .unwrap();
+    let out = t.render(&[ChatMessage::new("user", "x é ")], false, "", "").unwrap();
+    assert_eq!(out, r#"X É1|{"role": "user", "content": "x é "}|4"#);
+    let raising = ChatTemplate::from_source("t", "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}ok").unwrap();
+    let err = raising.render(&[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")], false, "", "").unwrap_err();
+    assert!(matches!(&err, TemplateError::Raised { message, .. } if message == "only one message"), "{err}");
+}
+
+#[test]
+fn hostile_infinite_loop_runs_out_of_fuel() {
+    // `range` is capped, so nest loops to get ~10^15 iterations.
+    let t = ChatTemplate::from_source("evil", "{% for a in range(100000) %}{% for b in range(100000) %}{% for c in range(100000) %}{% endfor %}{% endfor %}{% endfor %}").unwrap();
+    let start = std::time::Instant::now();
+    let err = t.render(&[], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
+    assert!(err.to_string().contains("fuel"), "{err}");
+    assert!(start.elapsed().as_secs() < 10);
+}
+
+#[test]
+fn hostile_deep_recursion_is_stopped() {
+    let t = ChatTemplate::from_source("evil", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap();
+    let err = t.render(&[], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
+    let t = ChatTemplate::from_source("evil", "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}").unwrap();
+    let err = t.render(&[ChatMessage::new("user", "x")], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
+}
+
+#[test]
+fn hostile_huge_output_is_stopped() {
+    let limits = TemplateLimits { max_output_bytes: 1 << 20, ..TemplateLimits::default() };
+    let t = ChatTemplate::from_source("evil", "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").unwrap().with_limits(limits);
+    let err = t.render(&[], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
+    assert!(err.to_string().contains("output exceeds"), "{err}");
+    // One gigantic string in a single operation.
+    let t = ChatTemplate::from_source("evil", "{{ 'x' * 100000000000 }}").unwrap();
+    let err = t.render(&[], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. } | TemplateError::Render { .. }), "{err}");
+}
+
+#[test]
+fn syntax_errors_are_reported() {
+    let err = ChatTemplate::from_source("broken", "{% for m in messages %}").unwrap_err();
+    assert!(matches!(err, TemplateError::Syntax { .. }), "{err}");
+}

@@ -1,0 +1,146 @@
+//! Fidelity against llama.cpp: teacher-forced logits and greedy
+//! continuations of the three real models, on both kernel backends.
+//!
+//! Fixtures: `tests/fixtures/<model>.logits.json`, made by
+//! `scripts/gen_logit_fixtures.py` from the reference llama.cpp build.
+//!
+//! Criteria (per model and backend):
+//! * arg-max agrees with the reference at ≥ 99% of teacher-forced positions;
+//! * each of the reference's top-10 logits is matched within
+//!   `TOP10_TOLERANCE` (absolute) at ≥ 99% of positions, and the mean
+//!   absolute difference stays under `MEAN_TOLERANCE`;
+//! * greedy continuations are identical, except that a divergence may start
+//!   where the reference's top-2 gap is below 0.1 (a near-tie; reported).
+//!
+//! Run in release mode: `cargo test --release -p flatrun-runtime --test fidelity -- --nocapture`.
+
+mod common;
+
+use flatrun_runtime::{argmax, BackendKind, LoadOptions, Model, Residency, StepOptions};
+use serde_json::Value;
+
+/// Largest tolerated |ours − reference| on a top-10 logit.
+const TOP10_TOLERANCE: f32 = 0.5;
+/// Largest tolerated mean |ours − reference| over all top-10 logits.
+const MEAN_TOLERANCE: f32 = 0.1;
+/// A divergence starting where the reference's top-2 gap is below this is a near-tie.
+const NEAR_TIE: f32 = 0.1;
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_u64()).map(|x| x as u32).collect())
+        .unwrap_or_default()
+}
+
+fn floats(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).map(|x| x as f32).collect())
+        .unwrap_or_default()
+}
+
+fn check(file: &str, backend: BackendKind, greedy_prompts: usize, greedy_len: usize) {
+    let Some(path) = common::model(file) else { return };
+    let fixture_path = common::fixtures().join(format!("{}.logits.json", file.trim_end_matches(".gguf")));
+    let fixture: Value = serde_json::from_str(&std::fs::read_to_string(&fixture_path).expect("fixture"))
+        .expect("fixture JSON");
+    let mut model = Model::load(
+        &path,
+        LoadOptions { backend, residency: Residency::Resident, ..LoadOptions::default() },
+    )
+    .expect("load");
+    let vocab = model.executor().vocab_size();
+
+    // Teacher-forced logits.
+    let (mut positions, mut argmax_ok, mut top10_ok) = (0usize, 0usize, 0usize);
+    let (mut sum_abs, mut n_abs, mut worst) = (0f64, 0usize, 0f32);
+    for case in fixture["teacher_forced"].as_array().expect("teacher_forced") {
+        let tokens = ids(&case["tokens"]);
+        let mut session = model.session();
+        let out = session
+            .step_with(&tokens, StepOptions { all_logits: true, hidden: false })
+            .expect("step");
+        let all = out.all_logits.expect("all logits");
+        assert_eq!(all.len(), tokens.len() * vocab);
+        let top_ids = case["top_ids"].as_array().expect("top_ids");
+        let top_logits = case["top_logits"].as_array().expect("top_logits");
+        for (p, (rid, rl)) in top_ids.iter().zip(top_logits).enumerate() {
+            let (rid, rl) = (ids(rid), floats(rl));
+            let row = &all[p * vocab..(p + 1) * vocab];
+            positions += 1;
+            argmax_ok += (argmax(row) == rid[0]) as usize;
+            let mut pos_ok = true;
+            for (&id, &want) in rid.iter().zip(&rl) {
+                let diff = (row[id as usize] - want).abs();
+                sum_abs += diff as f64;
+                n_abs += 1;
+                worst = worst.max(diff);
+                pos_ok &= diff <= TOP10_TOLERANCE;
+            }
+            top10_ok += pos_ok as usize;
+        }
+    }
+    let mean = (sum_abs / n_abs.max(1) as f64) as f32;
+    eprintln!(
+        "{file} [{backend:?}] teacher-forced: {positions} positions, argmax {argmax_ok}/{positions}, \
+         top-10 within {TOP10_TOLERANCE}: {top10_ok}/{positions}, mean |diff| {mean:.4}, max {worst:.3}"
+    );
+    assert!(positions >= 200, "fixture has only {positions} positions");
+    assert!(argmax_ok as f64 >= 0.99 * positions as f64, "argmax agreement {argmax_ok}/{positions}");
+    assert!(top10_ok as f64 >= 0.99 * positions as f64, "top-10 agreement {top10_ok}/{positions}");
+    assert!(mean <= MEAN_TOLERANCE, "mean |diff| {mean}");
+
+    // Greedy continuations.
+    for case in fixture["greedy"].as_array().expect("greedy").iter().take(greedy_prompts) {
+        let prompt = ids(&case["prompt_tokens"]);
+        let want = ids(&case["tokens"]);
+        let gaps = floats(&case["top2_gap"]);
+        let n = want.len().min(greedy_len);
+        let mut session = model.session();
+        let mut logits = session.step(&prompt).expect("prefill");
+        let mut got = Vec::with_capacity(n);
+        for _ in 0..n {
+            let id = argmax(&logits);
+            got.push(id);
+            logits = session.step(&[id]).expect("decode");
+        }
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => eprintln!("{file} [{backend:?}] greedy {:?}: {n} tokens identical", case["prompt"]),
+            Some(k) => {
+                eprintln!(
+                    "{file} [{backend:?}] greedy {:?}: diverges at step {k} (ours {}, reference {}, reference top-2 gap {})",
+                    case["prompt"], got[k], want[k], gaps[k]
+                );
+                assert!(gaps[k] < NEAR_TIE, "divergence at step {k} is not at a near-tie (gap {})", gaps[k]);
+            }
+        }
+    }
+}
+
+const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
+const QWEN2: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+#[test]
+fn smollm2_native() {
+    check(SMOLLM2, BackendKind::Native, 5, 64);
+}
+#[test]
+fn smollm2_reference() {
+    check(SMOLLM2, BackendKind::Reference, 5, 64);
+}
+#[test]
+fn gemma3_native() {
+    check(GEMMA3, BackendKind::Native, 5, 64);
+}
+#[test]
+fn gemma3_reference() {
+    check(GEMMA3, BackendKind::Reference, 5, 64);
+}
+#[test]
+fn qwen2_native() {
+    check(QWEN2, BackendKind::Native, 5, 64);
+}
+#[test]
+fn qwen2_reference() {
+    check(QWEN2, BackendKind::Reference, 5, 64);
+}
