@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -146,6 +147,7 @@ def checksum_f32(values, start_index: int = 0) -> int:
         return int(np.sum(bits * (idx * np.uint64(2) + np.uint64(1)), dtype=np.uint64))
 
 
+@functools.lru_cache(maxsize=None)
 def test_inputs(seed: int, n_chunks: int):
     """Quantizer inputs: `n_chunks` chunks of 256 f32 values, uniform in
     [-1, 1) times a power of two that varies per chunk, with a few special
@@ -173,6 +175,7 @@ def test_inputs(seed: int, n_chunks: int):
         elif kind == 7:
             chunk = -np.abs(chunk)
         out[c * 256 : (c + 1) * 256] = chunk
+    out.setflags(write=False)
     return out
 
 
@@ -599,7 +602,9 @@ def main() -> None:
     g = sub.add_parser("grids")
     g.add_argument("ggml_common_h")
     g.set_defaults(func=cmd_grids)
-    ref = Path.home() / ".cache/flatrun-ref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+    # The reference build (see the oracle notes): $FLATRUN_REF, by default ~/.cache/flatrun-ref.
+    ref_root = Path(os.environ.get("FLATRUN_REF", Path.home() / ".cache/flatrun-ref"))
+    ref = ref_root / "llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
     f = sub.add_parser("fixtures")
     f.add_argument("--libggml", default=str(ref / "libggml-base.so"))
     f.add_argument("--llama-quantize", default=str(ref / "llama-quantize"))

@@ -4,6 +4,7 @@ use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 mod inspect;
+mod run;
 
 /// Flatrun: streaming LLM inference from GGUF, SafeTensors and MLX checkpoints.
 #[derive(Debug, Parser)]
@@ -17,11 +18,14 @@ struct Cli {
 enum Command {
     /// Describe a checkpoint: format, architecture, hyperparameters, tokenizer, tensors.
     Inspect(inspect::InspectArgs),
+    /// Generate from a prompt (greedy by default); optionally dump logits and a profile.
+    Run(run::RunArgs),
 }
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Inspect(args) => inspect::run(&args),
+        Command::Run(args) => run::run(args),
     }
 }
 

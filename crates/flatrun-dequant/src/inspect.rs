@@ -108,24 +108,75 @@ pub fn npy_header_f32(shape: &[usize]) -> Vec<u8> {
 
 /// Write `data` as an f32 `.npy` file of row-major `shape`.
 pub fn write_npy_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
-    let n: usize = shape.iter().product();
-    if n != data.len() {
-        return Err(DequantError::OutputSize {
-            what: format!("{}: .npy of shape {shape:?}", path.display()),
-            expected: n,
-            got: data.len(),
-        });
+    let mut w = NpyWriter::create(path, shape)?;
+    w.write(data)?;
+    w.finish()
+}
+
+/// Writes an f32 `.npy` file piece by piece (e.g. a big tensor decoded in
+/// row chunks), checking at the end that exactly `shape`'s count was written.
+pub struct NpyWriter {
+    path: std::path::PathBuf,
+    out: std::io::BufWriter<std::fs::File>,
+    expected: usize,
+    written: usize,
+}
+
+impl NpyWriter {
+    /// Create `path` and write the header for `shape`.
+    pub fn create(path: &Path, shape: &[usize]) -> Result<NpyWriter> {
+        let io = |source| DequantError::Io {
+            path: path.to_owned(),
+            source,
+        };
+        let file = std::fs::File::create(path).map_err(io)?;
+        let mut out = std::io::BufWriter::new(file);
+        out.write_all(&npy_header_f32(shape)).map_err(io)?;
+        Ok(NpyWriter {
+            path: path.to_owned(),
+            out,
+            expected: shape.iter().product(),
+            written: 0,
+        })
     }
-    let io = |source| DequantError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let file = std::fs::File::create(path).map_err(io)?;
-    let mut w = std::io::BufWriter::new(file);
-    w.write_all(&npy_header_f32(shape)).map_err(io)?;
-    for chunk in data.chunks(4096) {
-        let bytes: Vec<u8> = chunk.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_all(&bytes).map_err(io)?;
+
+    /// Append values (little-endian f32).
+    pub fn write(&mut self, values: &[f32]) -> Result<()> {
+        if self.written + values.len() > self.expected {
+            return Err(self.size_error(self.written + values.len()));
+        }
+        let mut buf = [0u8; 4096];
+        for chunk in values.chunks(buf.len() / 4) {
+            for (b, v) in buf.chunks_exact_mut(4).zip(chunk) {
+                b.copy_from_slice(&v.to_le_bytes());
+            }
+            self.out
+                .write_all(&buf[..4 * chunk.len()])
+                .map_err(|source| DequantError::Io {
+                    path: self.path.clone(),
+                    source,
+                })?;
+        }
+        self.written += values.len();
+        Ok(())
     }
-    w.flush().map_err(io)
+
+    /// Flush, checking that the whole shape was written.
+    pub fn finish(mut self) -> Result<()> {
+        if self.written != self.expected {
+            return Err(self.size_error(self.written));
+        }
+        self.out.flush().map_err(|source| DequantError::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    fn size_error(&self, got: usize) -> DequantError {
+        DequantError::OutputSize {
+            what: format!("{}: .npy values", self.path.display()),
+            expected: self.expected,
+            got,
+        }
+    }
 }

@@ -58,12 +58,13 @@ pub mod inspect;
 pub mod iq_grids;
 pub mod mlx;
 pub mod quantize;
+pub mod quantize_k;
 
 pub use blocks::*;
 pub use decode::*;
 pub use error::{DequantError, Result};
 pub use flatrun_format::GgmlType;
 pub use handle::{dequantize_handle, dequantize_handle_rows, dequantize_handle_to_vec};
-pub use inspect::{stats, write_npy_f32, Stats};
+pub use inspect::{stats, write_npy_f32, NpyWriter, Stats};
 pub use mlx::{MlxAffine, ScaleType};
 pub use quantize::*;

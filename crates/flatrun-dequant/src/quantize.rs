@@ -69,7 +69,7 @@ fn inverse(d: f32) -> f32 {
 
 /// ggml's `nearest_int`: round to nearest, ties to even, through the f32
 /// mantissa (valid for |x| < 2^22).
-fn nearest_int(x: f32) -> i32 {
+pub(crate) fn nearest_int(x: f32) -> i32 {
     let bits = (x + 12_582_912.0).to_bits();
     (bits & 0x007F_FFFF) as i32 - 0x0040_0000
 }
@@ -328,7 +328,7 @@ impl BlockQuantizer for BlockTq1_0 {
             for t in trits {
                 q = q.wrapping_mul(3).wrapping_add(t);
             }
-            ((q as u16 * 256 + 242) / 243) as u8
+            (q as u16 * 256).div_ceil(243) as u8
         };
         // qs[0..32]: weights m + 32n of the first 160.
         for m in 0..32 {
@@ -442,6 +442,9 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::MXFP4,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
 ];
 
 /// Quantize `src` to `ty` into `dst` (exactly the encoded size), as ggml's
@@ -461,6 +464,9 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>(src, dst),
         GgmlType::TQ1_0 => quantize_bytes::<BlockTq1_0>(src, dst),
         GgmlType::TQ2_0 => quantize_bytes::<BlockTq2_0>(src, dst),
+        GgmlType::Q4_K => quantize_bytes::<BlockQ4K>(src, dst),
+        GgmlType::Q5_K => quantize_bytes::<BlockQ5K>(src, dst),
+        GgmlType::Q6_K => quantize_bytes::<BlockQ6K>(src, dst),
         other => Err(DequantError::Unsupported(format!(
             "{other} (no reference quantizer)"
         ))),

@@ -9,7 +9,7 @@
 //! Every count and length is checked against the bytes that remain before
 //! anything is allocated, so a hostile header gives a typed error.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use crate::byte_reader::ByteReader;
@@ -126,11 +126,11 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
 
     // Key/values.
     let mut metadata = Metadata::new();
-    let mut seen_keys: HashMap<String, ()> = HashMap::new();
+    let mut seen_keys = HashSet::new();
     for i in 0..kv_count {
         let key_offset = r.position();
         let key = r.string(&|| format!("key of metadata entry {i}"))?;
-        if seen_keys.insert(key.clone(), ()).is_some() {
+        if !seen_keys.insert(key.clone()) {
             return Err(r.invalid_at(key_offset, format!("duplicate metadata key `{key}`")));
         }
         let type_id = r.u32(&|| format!("value type of `{key}`"))?;
@@ -153,9 +153,10 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
     };
 
     // Tensor-info table.
-    let mut tensors = Vec::with_capacity(tensor_count as usize);
-    let mut relative_offsets = Vec::with_capacity(tensor_count as usize);
-    let mut seen_names: HashMap<String, ()> = HashMap::new();
+    let reserve = (tensor_count as usize).min(r.remaining() / std::mem::size_of::<TensorInfo>());
+    let mut tensors = Vec::with_capacity(reserve);
+    let mut relative_offsets = Vec::with_capacity(reserve);
+    let mut seen_names = HashSet::new();
     for i in 0..tensor_count {
         let entry_offset = r.position();
         let name = r.string(&|| format!("name of tensor {i}"))?;
@@ -164,7 +165,7 @@ pub fn parse_header(path: &Path, bytes: &[u8]) -> Result<GgufHeader> {
             tensor: name.clone(),
             what,
         };
-        if seen_names.insert(name.clone(), ()).is_some() {
+        if !seen_names.insert(name.clone()) {
             return Err(bad(format!(
                 "duplicate tensor name (entry at byte {entry_offset})"
             )));
@@ -320,7 +321,10 @@ fn read_value(r: &mut ByteReader<'_>, type_id: u32, key: &str, depth: usize) -> 
                     ),
                 });
             }
-            let mut items = Vec::with_capacity(count as usize);
+            // Reserve no more than the remaining bytes could fill; real
+            // elements beyond that grow the vector as they are parsed.
+            let reserve = (count as usize).min(r.remaining() / std::mem::size_of::<MetaValue>());
+            let mut items = Vec::with_capacity(reserve);
             for _ in 0..count {
                 items.push(read_value(r, element_type, key, depth + 1)?);
             }

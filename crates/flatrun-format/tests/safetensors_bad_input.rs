@@ -217,9 +217,7 @@ fn mlx_config_that_is_not_json_is_not_mlx() {
     // Without a readable quantization section it is a plain HF directory.
     let b = flatrun_format::open(dir.path()).expect("plain safetensors");
     assert_eq!(b.name(), "safetensors");
-    let err = flatrun_format::MlxBackend::open(dir.path())
-        .err()
-        .expect("error");
+    let err = flatrun_format::MlxBackend::open(dir.path()).expect_err("error");
     assert!(
         matches!(&err, FormatError::Invalid { path, .. } if path.ends_with("config.json")),
         "{err}"

@@ -12,8 +12,10 @@ use flatrun_format::GgmlType;
 use flatrun_kernels::{backend, BackendKind, Weight, WeightFormat};
 use half::f16;
 
-/// (rows, cols) of real projections: SmolLM2 (576), Gemma 3 270M (640), Qwen2.5-0.5B (896, and its head), a 1.5B FFN.
-const SHAPES: &[(usize, usize)] = &[(1536, 576), (2048, 640), (4864, 896), (8960, 1536), (151936, 896)];
+/// (rows, cols) of real projections (rows = output features): SmolLM2 FFN down (576×1536),
+/// Gemma 3 270M FFN down (640×2048), Qwen2.5-0.5B FFN down (896×4864), a 1.5B FFN down
+/// (1536×8960), and Qwen2.5's output head (151936×896, 122 MiB as Q8_0: far beyond the LLC).
+const SHAPES: &[(usize, usize)] = &[(576, 1536), (640, 2048), (896, 4864), (1536, 8960), (151936, 896)];
 const FORMATS: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,
@@ -40,7 +42,9 @@ fn random_weights(t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     // Finite f16 scales wherever they sit (just make every f16-aligned pair sane for F16).
     let scale = f16::from_f32(0.01).to_le_bytes();
     match t {
-        GgmlType::F16 => bytes.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&scale)),
+        GgmlType::F16 => bytes
+            .chunks_exact_mut(2)
+            .for_each(|c| c.copy_from_slice(&scale)),
         _ => {
             let offs: &[usize] = match t {
                 GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
@@ -66,7 +70,10 @@ fn memory_read_bandwidth() -> f64 {
     let mut best = 0f64;
     for _ in 0..5 {
         let t = Instant::now();
-        let s: u64 = buf.par_chunks(1 << 16).map(|c| c.iter().fold(0u64, |a, &b| a ^ b)).reduce(|| 0, |a, b| a ^ b);
+        let s: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &b| a ^ b))
+            .reduce(|| 0, |a, b| a ^ b);
         black_box(s);
         let gbs = (words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9;
         best = best.max(gbs);
@@ -75,7 +82,10 @@ fn memory_read_bandwidth() -> f64 {
 }
 
 fn bench(c: &mut Criterion) {
-    if let Some(n) = std::env::var("FLATRUN_THREADS").ok().and_then(|s| s.parse().ok()) {
+    if let Some(n) = std::env::var("FLATRUN_THREADS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
         flatrun_kernels::set_threads(n);
     }
     let bw = memory_read_bandwidth();
@@ -94,7 +104,9 @@ fn bench(c: &mut Criterion) {
             let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
             let name = t.traits().name;
             // GEMV: one token, throughput = weight bytes read.
-            let x: Vec<f32> = (0..cols).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                .collect();
             let mut out = vec![0f32; rows];
             let mut g = c.benchmark_group(format!("gemv/{name}"));
             g.throughput(Throughput::Bytes(bytes.len() as u64));
@@ -104,12 +116,19 @@ fn bench(c: &mut Criterion) {
             g.finish();
             // GEMM: PREFILL_TOKENS tokens, throughput in elements = multiply-adds (×2 = FLOP).
             if rows * cols <= 20_000_000 {
-                let xs: Vec<f32> = (0..cols * PREFILL_TOKENS).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+                let xs: Vec<f32> = (0..cols * PREFILL_TOKENS)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                    .collect();
                 let mut outs = vec![0f32; rows * PREFILL_TOKENS];
                 let mut g = c.benchmark_group(format!("gemm{PREFILL_TOKENS}/{name}"));
-                g.throughput(Throughput::Elements(2 * (rows * cols * PREFILL_TOKENS) as u64));
+                g.throughput(Throughput::Elements(
+                    2 * (rows * cols * PREFILL_TOKENS) as u64,
+                ));
                 g.bench_function(format!("{rows}x{cols}"), |b| {
-                    b.iter(|| k.matmul(&w, black_box(&xs), PREFILL_TOKENS, &mut outs).unwrap())
+                    b.iter(|| {
+                        k.matmul(&w, black_box(&xs), PREFILL_TOKENS, &mut outs)
+                            .unwrap()
+                    })
                 });
                 g.finish();
             }

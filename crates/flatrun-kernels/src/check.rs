@@ -16,7 +16,12 @@ fn buffer_error(w: &Weight, what: &'static str, expected: usize, got: usize) -> 
 }
 
 /// Validate a matmul call: the weight's bytes and the buffer lengths.
-pub(crate) fn check_matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &[f32]) -> Result<(), KernelError> {
+pub(crate) fn check_matmul(
+    w: &Weight,
+    x: &[f32],
+    n_tokens: usize,
+    out: &[f32],
+) -> Result<(), KernelError> {
     w.validate()?;
     let nx = n_tokens.checked_mul(w.cols).unwrap_or(usize::MAX);
     if x.len() != nx {
@@ -30,7 +35,11 @@ pub(crate) fn check_matmul(w: &Weight, x: &[f32], n_tokens: usize, out: &[f32]) 
 }
 
 /// Validate a dequantize_rows call.
-pub(crate) fn check_dequantize(w: &Weight, rows: &Range<usize>, out: &[f32]) -> Result<(), KernelError> {
+pub(crate) fn check_dequantize(
+    w: &Weight,
+    rows: &Range<usize>,
+    out: &[f32],
+) -> Result<(), KernelError> {
     w.validate()?;
     if rows.start > rows.end || rows.end > w.rows {
         return Err(KernelError::RowRange {

@@ -50,6 +50,14 @@ pub enum KernelError {
         expected: usize,
         got: usize,
     },
+    /// A weight row the reference decoder refused.
+    #[error("weight {format}, row {row}: {source}")]
+    Dequant {
+        format: String,
+        row: usize,
+        #[source]
+        source: flatrun_dequant::DequantError,
+    },
     /// A string that names no backend or SIMD level.
     #[error("unknown {what} `{got}` (expected one of: {expected})")]
     Parse {

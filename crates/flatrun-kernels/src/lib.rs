@@ -80,9 +80,20 @@ pub trait Kernels: Send + Sync {
     /// (`x`: `n_tokens*cols` f32, `out`: `n_tokens*rows` f32).
     /// `n_tokens == 1` is the GEMV path; more tokens take the GEMM path, which
     /// decodes each weight block once per token tile.
-    fn matmul(&self, w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<(), KernelError>;
+    fn matmul(
+        &self,
+        w: &Weight,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError>;
     /// Dequantize rows `rows` of `w` into `out` (`rows.len() * cols` values), e.g. embedding lookups.
-    fn dequantize_rows(&self, w: &Weight, rows: Range<usize>, out: &mut [f32]) -> Result<(), KernelError>;
+    fn dequantize_rows(
+        &self,
+        w: &Weight,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError>;
 }
 
 /// The shared backend of this kind (the native one at [`simd_level`]).

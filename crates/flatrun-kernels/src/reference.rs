@@ -1,4 +1,5 @@
-//! The reference backend: dequantize each row to f32, then a plain dot product.
+//! The reference backend: dequantize each row to f32 with flatrun-dequant's
+//! reference decoders, then a plain dot product.
 //! Short and obviously correct; the yardstick the native backend is held to.
 
 use std::ops::Range;
@@ -9,7 +10,7 @@ use crate::check::{check_dequantize, check_matmul};
 use crate::decode::decode_row;
 use crate::{KernelError, Kernels, Weight};
 
-pub(crate) use crate::decode::is_supported;
+use crate::decode::is_supported;
 
 /// Dequantize-then-dot, single-threaded, no SIMD.
 #[derive(Debug, Default)]
@@ -20,12 +21,18 @@ impl Kernels for ReferenceKernels {
         "reference"
     }
 
-    fn matmul(&self, w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    fn matmul(
+        &self,
+        w: &Weight,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         check_matmul(w, x, n_tokens, out)?;
         let mut row = vec![0f32; w.cols];
         for r in 0..w.rows {
             // Decode row r once, then dot it with every token.
-            decode_row(w, r, &mut row);
+            decode_row(w, r, &mut row)?;
             for t in 0..n_tokens {
                 let xt = &x[t * w.cols..(t + 1) * w.cols];
                 // Accumulate in f64 so the yardstick carries no rounding of its own worth mentioning.
@@ -36,10 +43,15 @@ impl Kernels for ReferenceKernels {
         Ok(())
     }
 
-    fn dequantize_rows(&self, w: &Weight, rows: Range<usize>, out: &mut [f32]) -> Result<(), KernelError> {
+    fn dequantize_rows(
+        &self,
+        w: &Weight,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         check_dequantize(w, &rows, out)?;
         for (i, r) in rows.enumerate() {
-            decode_row(w, r, &mut out[i * w.cols..(i + 1) * w.cols]);
+            decode_row(w, r, &mut out[i * w.cols..(i + 1) * w.cols])?;
         }
         Ok(())
     }
@@ -47,5 +59,9 @@ impl Kernels for ReferenceKernels {
 
 /// Formats the reference backend decodes (every one the crate accepts).
 pub fn supported_ggml_types() -> Vec<GgmlType> {
-    GgmlType::ALL.iter().copied().filter(|&t| is_supported(t)).collect()
+    GgmlType::ALL
+        .iter()
+        .copied()
+        .filter(|&t| is_supported(t))
+        .collect()
 }

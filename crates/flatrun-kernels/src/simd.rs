@@ -104,7 +104,10 @@ pub fn simd_level() -> SimdLevel {
     *LEVEL.get_or_init(|| {
         let levels = supported_levels();
         let best = *levels.last().unwrap_or(&SimdLevel::Scalar);
-        match std::env::var("FLATRUN_SIMD").ok().and_then(|s| s.parse::<SimdLevel>().ok()) {
+        match std::env::var("FLATRUN_SIMD")
+            .ok()
+            .and_then(|s| s.parse::<SimdLevel>().ok())
+        {
             Some(cap) => clamp_to_host(cap, &levels),
             None => best,
         }

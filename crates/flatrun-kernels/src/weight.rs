@@ -30,11 +30,7 @@ impl std::fmt::Display for WeightFormat {
                 bits,
                 group_size,
                 scale_dtype,
-            } => write!(
-                f,
-                "MLX{bits}/g{group_size}/{}",
-                dtype_name(*scale_dtype)
-            ),
+            } => write!(f, "MLX{bits}/g{group_size}/{}", dtype_name(*scale_dtype)),
         }
     }
 }
@@ -155,7 +151,8 @@ impl<'a> Weight<'a> {
                 scale_dtype,
                 ..
             } => {
-                self.cols / (group_size.max(1) as usize) * scale_dtype_size(scale_dtype).unwrap_or(0)
+                self.cols / (group_size.max(1) as usize)
+                    * scale_dtype_size(scale_dtype).unwrap_or(0)
             }
         }
     }
@@ -205,24 +202,17 @@ impl<'a> Weight<'a> {
         };
         let block = match self.format {
             WeightFormat::Ggml(t) => {
-                if !crate::reference::is_supported(t) {
+                if !crate::decode::is_supported(t) {
                     return Err(unsupported());
                 }
                 t.block_size()
             }
-            WeightFormat::MlxAffine {
-                bits,
-                group_size,
-                scale_dtype,
-            } => {
-                if !matches!(bits, 2 | 3 | 4 | 5 | 6 | 8)
-                    || group_size == 0
-                    || scale_dtype_size(scale_dtype).is_none()
-                {
+            WeightFormat::MlxAffine { group_size, .. } => {
+                if crate::decode::mlx_params(self.format).is_err() {
                     return Err(unsupported());
                 }
-                // A group must fill whole u32 words.
-                (group_size as usize).max(32)
+                // A group fills whole bytes for every supported bit width.
+                group_size as usize
             }
         };
         if block == 0 || self.cols % block != 0 {

@@ -5,13 +5,17 @@ mod common;
 
 use common::{mlx_format, random_ggml, random_mlx, Rng, GGML_BUDGETS, MLX_FORMATS};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat};
+use flatrun_kernels::{
+    supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat,
+};
 use proptest::prelude::*;
 
 /// Σ|w·x| per output, the scale the error budget is relative to.
 fn magnitudes(w: &Weight, x: &[f32], n_tokens: usize) -> Vec<f32> {
     let mut dense = vec![0f32; w.rows * w.cols];
-    ReferenceKernels.dequantize_rows(w, 0..w.rows, &mut dense).unwrap();
+    ReferenceKernels
+        .dequantize_rows(w, 0..w.rows, &mut dense)
+        .unwrap();
     let mut m = vec![0f32; n_tokens * w.rows];
     for t in 0..n_tokens {
         for r in 0..w.rows {
@@ -58,8 +62,13 @@ fn every_format_within_budget_on_a_fixed_shape() {
         let cols = 512;
         let bytes = random_ggml(t, 13, cols, &mut rng);
         let w = Weight::new(WeightFormat::Ggml(t), 13, cols, &bytes, None, None).unwrap();
-        let worst = (1..=6).map(|n| check(&w, n, budget, &mut rng)).fold(0f32, f32::max);
-        println!("{:>7}: worst relative error {worst:.2e} (budget {budget:.0e})", t.traits().name);
+        let worst = (1..=6)
+            .map(|n| check(&w, n, budget, &mut rng))
+            .fold(0f32, f32::max);
+        println!(
+            "{:>7}: worst relative error {worst:.2e} (budget {budget:.0e})",
+            t.traits().name
+        );
     }
 }
 
@@ -69,7 +78,15 @@ fn mlx_formats_match_reference() {
     for &(bits, group) in MLX_FORMATS {
         let (rows, cols) = (7, 256);
         let (data, scales, biases) = random_mlx(bits, group, rows, cols, &mut rng);
-        let w = Weight::new(mlx_format(bits, group), rows, cols, &data, Some(&scales), Some(&biases)).unwrap();
+        let w = Weight::new(
+            mlx_format(bits, group),
+            rows,
+            cols,
+            &data,
+            Some(&scales),
+            Some(&biases),
+        )
+        .unwrap();
         check(&w, 3, 1e-5, &mut rng);
     }
 }
@@ -90,10 +107,14 @@ fn gemm_equals_gemv_per_token() {
             k.matmul(&w, &x, n, &mut gemm).unwrap();
             for tok in 0..n {
                 let mut gemv = vec![0f32; rows];
-                k.matmul(&w, &x[tok * cols..(tok + 1) * cols], 1, &mut gemv).unwrap();
+                k.matmul(&w, &x[tok * cols..(tok + 1) * cols], 1, &mut gemv)
+                    .unwrap();
                 for r in 0..rows {
                     let (a, b) = (gemm[tok * rows + r], gemv[r]);
-                    assert!((a - b).abs() <= 1e-5 * (1.0 + b.abs()), "{t:?} {level}: token {tok} row {r}: {a} vs {b}");
+                    assert!(
+                        (a - b).abs() <= 1e-5 * (1.0 + b.abs()),
+                        "{t:?} {level}: token {tok} row {r}: {a} vs {b}"
+                    );
                 }
             }
         }
@@ -125,16 +146,91 @@ proptest! {
 #[test]
 fn bad_calls_are_errors_not_panics() {
     let bytes = vec![0u8; 18 * 4];
-    let w = Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 2, 64, &bytes, None, None).unwrap();
+    let w = Weight::new(
+        WeightFormat::Ggml(GgmlType::Q4_0),
+        2,
+        64,
+        &bytes,
+        None,
+        None,
+    )
+    .unwrap();
     let k = NativeKernels::new(flatrun_kernels::simd_level());
     let mut out = vec![0f32; 2];
     assert!(k.matmul(&w, &[0.0; 63], 1, &mut out).is_err());
     assert!(k.matmul(&w, &[0.0; 64], 1, &mut out[..1]).is_err());
     assert!(k.dequantize_rows(&w, 1..3, &mut [0.0; 128]).is_err());
-    assert!(Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 2, 60, &bytes, None, None).is_err());
-    assert!(Weight::new(WeightFormat::Ggml(GgmlType::Q4_0), 3, 64, &bytes, None, None).is_err());
+    assert!(Weight::new(
+        WeightFormat::Ggml(GgmlType::Q4_0),
+        2,
+        60,
+        &bytes,
+        None,
+        None
+    )
+    .is_err());
+    assert!(Weight::new(
+        WeightFormat::Ggml(GgmlType::Q4_0),
+        3,
+        64,
+        &bytes,
+        None,
+        None
+    )
+    .is_err());
     assert!(w.row_range(1..3).is_err());
     let half = w.row_range(1..2).unwrap();
     assert_eq!(half.rows, 1);
     assert_eq!(half.data.len(), 36);
+}
+
+#[test]
+fn simd_levels_agree_with_scalar_kernels() {
+    // Same integer arithmetic at every level: only f32 summation order differs.
+    let mut rng = Rng(99);
+    let scalar = NativeKernels::new(flatrun_kernels::SimdLevel::Scalar);
+    for &(t, _) in GGML_BUDGETS {
+        let (rows, cols) = (11, 768);
+        let bytes = random_ggml(t, rows, cols, &mut rng);
+        let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
+        let n = 5;
+        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+        let mag = magnitudes(&w, &x, n);
+        let mut want = vec![0f32; n * rows];
+        scalar.matmul(&w, &x, n, &mut want).unwrap();
+        for level in supported_levels() {
+            let mut got = vec![0f32; n * rows];
+            NativeKernels::new(level)
+                .matmul(&w, &x, n, &mut got)
+                .unwrap();
+            for i in 0..got.len() {
+                let rel = (got[i] - want[i]).abs() / mag[i].max(1e-20);
+                assert!(
+                    rel < 2e-6,
+                    "{t:?} at {level}: output {i}: {} vs scalar {} (rel {rel:e})",
+                    got[i],
+                    want[i]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn unfused_formats_fall_back_to_decode_then_dot() {
+    // Types with no fused kernel (here Q8_1 stored as weights, and I8) still multiply.
+    let mut rng = Rng(5);
+    let rows = 3;
+    let cols = 64;
+    let bytes: Vec<u8> = (0..rows * cols).map(|_| rng.byte() % 16).collect();
+    let w = Weight::new(
+        WeightFormat::Ggml(GgmlType::I8),
+        rows,
+        cols,
+        &bytes,
+        None,
+        None,
+    )
+    .unwrap();
+    check(&w, 2, 1e-5, &mut rng);
 }

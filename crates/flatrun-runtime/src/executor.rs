@@ -447,8 +447,8 @@ impl StreamingExecutor {
             drop(segments);
             // Release: streamed layers give their pages back.
             if !self.residency.is_resident(il) {
-                for h in handles {
-                    h.close();
+                for h in &handles {
+                    memory::release(h.bytes());
                 }
             }
             self.profiler.sample_memory(il);

@@ -107,7 +107,18 @@ pub fn will_need(bytes: &[u8]) {
     flatrun_format::mem::advise_willneed(bytes);
 }
 
-/// Drop the mapping's pages of `bytes` (`MADV_DONTNEED`, at least 1 MiB).
+/// Drop the mapping's pages covering `bytes` (`MADV_DONTNEED`), whatever
+/// their size: for a read-only file mapping this only unmaps them from the
+/// process (they stay in the page cache and fault back in on the next touch),
+/// so rounding out to whole pages never loses data.
 pub fn release(bytes: &[u8]) {
-    flatrun_format::mem::release(bytes);
+    let Some((start, len)) = covering_pages(bytes) else {
+        return;
+    };
+    // SAFETY: the span lies inside a live, read-only, file-backed mapping
+    // (see `covering_pages`); DONTNEED on it drops page-table entries only,
+    // and later reads fault the same file bytes back in.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
+    }
 }

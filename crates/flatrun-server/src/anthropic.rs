@@ -102,7 +102,10 @@ fn chat_messages(
     messages: Vec<InputMessage>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
-        return Err(ApiError::invalid(FLAVOR, "messages: at least one message is required"));
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "messages: at least one message is required",
+        ));
     }
     let mut turns = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = system {
@@ -164,7 +167,14 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     });
     let stop = request.stop_sequences.unwrap_or_default();
     let input_tokens = prompt.len();
-    let generation = state.submit(FLAVOR, engine.as_ref(), prompt, Some(max_tokens), sampling, stop)?;
+    let generation = state.submit(
+        FLAVOR,
+        engine.as_ref(),
+        prompt,
+        Some(max_tokens),
+        sampling,
+        stop,
+    )?;
     let id = format!("msg_{}", random_id());
     if request.stream.unwrap_or(false) {
         let stream = MessageStream {
@@ -292,16 +302,18 @@ impl MessageStream {
                             }
                             text_delta(&text)
                         }
-                        Some(GenerationEvent::Finished { reason, usage, text }) => {
+                        Some(GenerationEvent::Finished {
+                            reason,
+                            usage,
+                            text,
+                        }) => {
                             self.phase = Phase::BlockStop(reason, usage);
                             if text.is_empty() {
                                 continue;
                             }
                             text_delta(&text)
                         }
-                        Some(GenerationEvent::Failed { message }) => {
-                            error_event(&message)
-                        }
+                        Some(GenerationEvent::Failed { message }) => error_event(&message),
                         None => error_event("generation ended unexpectedly"),
                     }
                 }

@@ -89,8 +89,9 @@ impl ApiError {
             }
             EngineError::InvalidRequest(_) => ApiError::invalid(flavor, message),
             EngineError::Text(_) => ApiError::invalid(flavor, message),
-            EngineError::ShuttingDown => ApiError::new(flavor, ErrorKind::Unavailable, message)
-                .with_code("shutting_down"),
+            EngineError::ShuttingDown => {
+                ApiError::new(flavor, ErrorKind::Unavailable, message).with_code("shutting_down")
+            }
         }
     }
 

@@ -58,6 +58,7 @@
 
 pub mod anthropic;
 pub mod api_error;
+pub mod args;
 pub mod batch_model;
 pub mod config;
 pub mod detokenize;
@@ -73,6 +74,7 @@ pub mod state;
 pub mod stop;
 
 pub use api_error::{ApiError, ApiFlavor, ErrorKind};
+pub use args::ServeArgs;
 pub use batch_model::{BatchModel, ModelError, Residency, SeqId, StepInput, TextModel};
 pub use config::ServerConfig;
 pub use engine::{

@@ -134,7 +134,11 @@ impl TextModel for MockText {
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         let mut out = String::new();
         for message in messages {
-            out.push_str(&format!("<|{}|>\n{}\n", message.role.as_str(), message.content));
+            out.push_str(&format!(
+                "<|{}|>\n{}\n",
+                message.role.as_str(),
+                message.content
+            ));
         }
         out.push_str("<|assistant|>\n");
         Ok(out)
@@ -215,7 +219,9 @@ impl BatchModel for MockModel {
             std::thread::sleep(self.config.step_delay);
         }
         self.stats.steps.fetch_add(1, Ordering::SeqCst);
-        self.stats.max_batch.fetch_max(batch.len(), Ordering::SeqCst);
+        self.stats
+            .max_batch
+            .fetch_max(batch.len(), Ordering::SeqCst);
         let mut out = Vec::with_capacity(batch.len());
         for input in batch {
             let sequence = self

@@ -441,7 +441,11 @@ impl SseState {
                         }
                         self.chunk(Some(&text), false, None).to_string()
                     }
-                    Some(GenerationEvent::Finished { reason, usage, text }) => {
+                    Some(GenerationEvent::Finished {
+                        reason,
+                        usage,
+                        text,
+                    }) => {
                         self.phase = Phase::Finish(reason, usage);
                         if text.is_empty() {
                             continue;
@@ -450,7 +454,9 @@ impl SseState {
                     }
                     Some(GenerationEvent::Failed { message }) => {
                         self.phase = Phase::Done;
-                        ApiError::new(FLAVOR, ErrorKind::Internal, message).body().to_string()
+                        ApiError::new(FLAVOR, ErrorKind::Internal, message)
+                            .body()
+                            .to_string()
                     }
                     None => {
                         self.phase = Phase::Done;

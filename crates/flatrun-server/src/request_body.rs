@@ -22,7 +22,10 @@ pub fn parse_json<T: DeserializeOwned>(flavor: ApiFlavor, body: RawBody) -> Resu
             )
             .with_code("request_too_large")
         } else {
-            ApiError::invalid(flavor, format!("could not read the request body: {}", rejection.body_text()))
+            ApiError::invalid(
+                flavor,
+                format!("could not read the request body: {}", rejection.body_text()),
+            )
         }
     })?;
     serde_json::from_slice(&bytes).map_err(|e| {

@@ -365,8 +365,12 @@ impl<M: BatchModel> Worker<M> {
     }
 
     fn publish_counts(&self) {
-        self.shared.active.store(self.active.len(), Ordering::Relaxed);
-        self.shared.queued.store(self.waiting.len(), Ordering::Relaxed);
+        self.shared
+            .active
+            .store(self.active.len(), Ordering::Relaxed);
+        self.shared
+            .queued
+            .store(self.waiting.len(), Ordering::Relaxed);
     }
 
     /// Releases one admitted request's place.
@@ -525,7 +529,11 @@ impl<M: BatchModel> Worker<M> {
         for (index, next) in outcomes.into_iter().enumerate().rev() {
             let event = match next {
                 Next::Continue => continue,
-                Next::Finish(reason) => Some(finish_event(&mut self.active[index], reason, self.text.as_ref())),
+                Next::Finish(reason) => Some(finish_event(
+                    &mut self.active[index],
+                    reason,
+                    self.text.as_ref(),
+                )),
                 Next::Fail(message) => Some(GenerationEvent::Failed { message }),
                 Next::Gone => None,
             };
@@ -606,7 +614,11 @@ fn advance(running: &mut Running, token: u32, text: &dyn TextModel) -> Next {
 }
 
 /// The final event, with any text still held back.
-fn finish_event(running: &mut Running, reason: FinishReason, text: &dyn TextModel) -> GenerationEvent {
+fn finish_event(
+    running: &mut Running,
+    reason: FinishReason,
+    text: &dyn TextModel,
+) -> GenerationEvent {
     let mut reason = reason;
     let mut trailing = String::new();
     if !matches!(reason, FinishReason::StopSequence(_)) {

@@ -56,8 +56,14 @@ pub fn router(state: AppState) -> Router {
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(middleware::from_fn_with_state(state.clone(), require_api_key))
-        .layer(middleware::from_fn_with_state(state.clone(), count_requests))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_api_key,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_requests,
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
@@ -76,9 +82,13 @@ async fn require_api_key(State(state): State<AppState>, request: Request, next: 
     } else {
         "missing API key: send `Authorization: Bearer KEY` or `x-api-key: KEY`"
     };
-    ApiError::new(ApiFlavor::for_path(path), ErrorKind::Authentication, message)
-        .with_code("invalid_api_key")
-        .into_response()
+    ApiError::new(
+        ApiFlavor::for_path(path),
+        ErrorKind::Authentication,
+        message,
+    )
+    .with_code("invalid_api_key")
+    .into_response()
 }
 
 /// The key from `Authorization: Bearer KEY` or `x-api-key: KEY`.
@@ -148,7 +158,10 @@ async fn metrics(State(state): State<AppState>) -> Response {
         .metrics
         .render(state.engine.get().map(|engine| engine.as_ref()));
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         text,
     )
         .into_response()
@@ -326,7 +339,10 @@ where
 {
     let server = Server::bind(config).await?;
     let slot = server.engine_slot();
-    tracing::info!("listening on http://{} (loading the model)", server.local_addr()?);
+    tracing::info!(
+        "listening on http://{} (loading the model)",
+        server.local_addr()?
+    );
     let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
     tokio::task::spawn_blocking(move || match load() {
         Ok(engine) => {

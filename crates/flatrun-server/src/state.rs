@@ -114,9 +114,7 @@ impl AppState {
             .with_code("context_length_exceeded")
         };
         let max_tokens = match max_tokens {
-            Some(0) => {
-                return Err(ApiError::invalid(flavor, "max_tokens must be at least 1"))
-            }
+            Some(0) => return Err(ApiError::invalid(flavor, "max_tokens must be at least 1")),
             Some(n) if (prompt.len() as u64).saturating_add(n) > context as u64 => {
                 return Err(overflow(n))
             }

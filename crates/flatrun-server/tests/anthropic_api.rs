@@ -18,7 +18,12 @@ fn assert_anthropic_error(response: &common::HttpResponse, status: u16, error_ty
     let body = response.json();
     assert_eq!(body["type"], "error", "{body}");
     assert_eq!(body["error"]["type"], error_type, "{body}");
-    assert!(body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     body
 }
 
@@ -105,24 +110,42 @@ async fn stream_sends_exactly_the_documented_events() {
     let n = names.len();
     assert_eq!(names[0], "message_start");
     assert_eq!(names[1], "content_block_start");
-    assert!(names[2..n - 3].iter().all(|name| name == "content_block_delta"), "{names:?}");
+    assert!(
+        names[2..n - 3]
+            .iter()
+            .all(|name| name == "content_block_delta"),
+        "{names:?}"
+    );
     assert!(n > 5);
-    assert_eq!(&names[n - 3..], ["content_block_stop", "message_delta", "message_stop"]);
+    assert_eq!(
+        &names[n - 3..],
+        ["content_block_stop", "message_delta", "message_stop"]
+    );
 
     let data: Vec<Value> = events
         .iter()
         .filter(|(name, _)| name.as_deref() != Some("ping"))
         .map(|(name, data)| {
             let value: Value = serde_json::from_str(data).unwrap();
-            assert_eq!(value["type"], name.as_deref().unwrap(), "data type matches event name");
+            assert_eq!(
+                value["type"],
+                name.as_deref().unwrap(),
+                "data type matches event name"
+            );
             value
         })
         .collect();
     let start = &data[0]["message"];
     assert_eq!(start["role"], "assistant");
     assert_eq!(start["content"], json!([]));
-    assert_eq!(start["usage"]["input_tokens"], "<|user|>\nHi\n<|assistant|>\n".len() + 1);
-    assert_eq!(data[1]["content_block"], json!({"type": "text", "text": ""}));
+    assert_eq!(
+        start["usage"]["input_tokens"],
+        "<|user|>\nHi\n<|assistant|>\n".len() + 1
+    );
+    assert_eq!(
+        data[1]["content_block"],
+        json!({"type": "text", "text": ""})
+    );
     let text: String = data[2..n - 3]
         .iter()
         .map(|d| {
@@ -156,10 +179,27 @@ async fn stream_pings_during_a_slow_prefill() {
                     "messages": [{"role": "user", "content": "x".repeat(20)}]}),
         )
         .await;
-    let names: Vec<String> = response.sse_events().into_iter().map(|(n, _)| n.unwrap()).collect();
-    let first_delta = names.iter().position(|n| n == "content_block_delta").unwrap();
-    assert!(names[2..first_delta].iter().filter(|n| *n == "ping").count() >= 2, "{names:?}");
-    assert_eq!(names_without_pings(&response.sse_events())[..2], ["message_start", "content_block_start"]);
+    let names: Vec<String> = response
+        .sse_events()
+        .into_iter()
+        .map(|(n, _)| n.unwrap())
+        .collect();
+    let first_delta = names
+        .iter()
+        .position(|n| n == "content_block_delta")
+        .unwrap();
+    assert!(
+        names[2..first_delta]
+            .iter()
+            .filter(|n| *n == "ping")
+            .count()
+            >= 2,
+        "{names:?}"
+    );
+    assert_eq!(
+        names_without_pings(&response.sse_events())[..2],
+        ["message_start", "content_block_start"]
+    );
     assert_eq!(names.last().unwrap(), "message_stop");
 }
 
@@ -168,7 +208,9 @@ async fn count_tokens_matches_the_message_usage() {
     let server = TestServer::default().await;
     let request = json!({"model": "mock", "system": "S", "messages": [
         {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}, {"role": "user", "content": "Again"}]});
-    let response = server.post_json("/v1/messages/count_tokens", &request).await;
+    let response = server
+        .post_json("/v1/messages/count_tokens", &request)
+        .await;
     assert_eq!(response.status, 200, "{}", response.body);
     let counted = response.json()["input_tokens"].as_u64().unwrap();
     let mut message = request.clone();
@@ -189,15 +231,32 @@ async fn errors_have_the_anthropic_shape_and_status() {
     };
     let server = TestServer::start(mock, SchedulerConfig::default(), cfg).await;
     let messages = "/v1/messages";
-    assert_anthropic_error(&server.post(messages, "{not json").await, 400, "invalid_request_error");
-    let body = assert_anthropic_error(
-        &server.post(messages, r#"{"model": "mock", "messages": [{"role": "user", "content": "x"}]}"#).await,
+    assert_anthropic_error(
+        &server.post(messages, "{not json").await,
         400,
         "invalid_request_error",
     );
-    assert!(body["error"]["message"].as_str().unwrap().contains("max_tokens"));
+    let body = assert_anthropic_error(
+        &server
+            .post(
+                messages,
+                r#"{"model": "mock", "messages": [{"role": "user", "content": "x"}]}"#,
+            )
+            .await,
+        400,
+        "invalid_request_error",
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("max_tokens"));
     assert_anthropic_error(
-        &server.post(messages, r#"{"model": "mock", "max_tokens": "many", "messages": []}"#).await,
+        &server
+            .post(
+                messages,
+                r#"{"model": "mock", "max_tokens": "many", "messages": []}"#,
+            )
+            .await,
         400,
         "invalid_request_error",
     );
@@ -214,11 +273,36 @@ async fn errors_have_the_anthropic_shape_and_status() {
         "not_found_error",
     );
     let big = json!({"model": "mock", "max_tokens": 5, "messages": [{"role": "user", "content": "x".repeat(4096)}]});
-    assert_anthropic_error(&server.post_json(messages, &big).await, 413, "request_too_large");
+    assert_anthropic_error(
+        &server.post_json(messages, &big).await,
+        413,
+        "request_too_large",
+    );
     let long = json!({"model": "mock", "max_tokens": 100, "messages": [{"role": "user", "content": "y".repeat(100)}]});
-    let body = assert_anthropic_error(&server.post_json(messages, &long).await, 400, "invalid_request_error");
-    assert!(body["error"]["message"].as_str().unwrap().contains("context"));
-    assert_anthropic_error(&server.post("/v1/messages/count_tokens", "[1,").await, 400, "invalid_request_error");
-    assert_anthropic_error(&server.get("/v1/messages/nothing").await, 404, "not_found_error");
-    assert_eq!(server.stats.sequences_opened.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let body = assert_anthropic_error(
+        &server.post_json(messages, &long).await,
+        400,
+        "invalid_request_error",
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("context"));
+    assert_anthropic_error(
+        &server.post("/v1/messages/count_tokens", "[1,").await,
+        400,
+        "invalid_request_error",
+    );
+    assert_anthropic_error(
+        &server.get("/v1/messages/nothing").await,
+        404,
+        "not_found_error",
+    );
+    assert_eq!(
+        server
+            .stats
+            .sequences_opened
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 }

@@ -109,7 +109,10 @@ async fn sixteen_streaming_clients_two_hundred_requests() {
     );
     assert!(failures.is_empty(), "{failures:?}");
     assert_eq!(concurrent_tokens, (total_requests * REPLY.len()) as u64);
-    assert!(concurrent_rate > 4.0 * sequential_rate, "batching gave too little");
+    assert!(
+        concurrent_rate > 4.0 * sequential_rate,
+        "batching gave too little"
+    );
     server.wait_all_freed().await;
 }
 
@@ -132,9 +135,21 @@ async fn killed_clients_are_freed_and_the_server_keeps_answering() {
     // Twelve endless streams, read a little, then killed.
     let mut sockets = Vec::new();
     for i in 0..12 {
-        let path = if i % 2 == 0 { "/v1/chat/completions" } else { "/v1/messages" };
-        let needle = if i % 2 == 0 { r#""content":"l""# } else { r#""text":"l""# };
-        sockets.push(open_stream_until(server.addr, path, &[], &body, needle).await.0);
+        let path = if i % 2 == 0 {
+            "/v1/chat/completions"
+        } else {
+            "/v1/messages"
+        };
+        let needle = if i % 2 == 0 {
+            r#""content":"l""#
+        } else {
+            r#""text":"l""#
+        };
+        sockets.push(
+            open_stream_until(server.addr, path, &[], &body, needle)
+                .await
+                .0,
+        );
     }
     assert_eq!(server.stats.live_sequences.load(Ordering::SeqCst), 12);
     let steps_before = server.stats.steps.load(Ordering::SeqCst);

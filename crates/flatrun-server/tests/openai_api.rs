@@ -14,7 +14,10 @@ fn assert_openai_error(response: &common::HttpResponse, status: u16, error_type:
     assert_eq!(response.status, status, "body: {}", response.body);
     let body = response.json();
     let error = &body["error"];
-    assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{body}"
+    );
     assert_eq!(error["type"], error_type, "{body}");
     assert!(error.get("code").is_some(), "{body}");
     body
@@ -44,7 +47,10 @@ async fn chat_completion_greedy_returns_the_reply_with_usage() {
     let prompt = "<|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\n";
     assert_eq!(body["usage"]["prompt_tokens"], prompt.len() + 1);
     assert_eq!(body["usage"]["completion_tokens"], REPLY.len());
-    assert_eq!(body["usage"]["total_tokens"], prompt.len() + 1 + REPLY.len());
+    assert_eq!(
+        body["usage"]["total_tokens"],
+        prompt.len() + 1 + REPLY.len()
+    );
     server.wait_all_freed().await;
 }
 
@@ -77,17 +83,26 @@ async fn max_tokens_gives_length_and_stop_strings_cut_the_text() {
         }
         body
     };
-    let body = server.post_json("/v1/chat/completions", &chat(json!({"max_tokens": 8}))).await.json();
+    let body = server
+        .post_json("/v1/chat/completions", &chat(json!({"max_tokens": 8})))
+        .await
+        .json();
     assert_eq!(body["choices"][0]["message"]["content"], "Hello fr");
     assert_eq!(body["choices"][0]["finish_reason"], "length");
     assert_eq!(body["usage"]["completion_tokens"], 8);
 
-    let body = server.post_json("/v1/chat/completions", &chat(json!({"stop": "Flatrun"}))).await.json();
+    let body = server
+        .post_json("/v1/chat/completions", &chat(json!({"stop": "Flatrun"})))
+        .await
+        .json();
     assert_eq!(body["choices"][0]["message"]["content"], "Hello from the ");
     assert_eq!(body["choices"][0]["finish_reason"], "stop");
 
     let body = server
-        .post_json("/v1/chat/completions", &chat(json!({"stop": ["zzz", "mock", "from"]})))
+        .post_json(
+            "/v1/chat/completions",
+            &chat(json!({"stop": ["zzz", "mock", "from"]})),
+        )
         .await
         .json();
     assert_eq!(body["choices"][0]["message"]["content"], "Hello ");
@@ -99,7 +114,10 @@ async fn same_seed_same_sampled_text() {
     let body = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 1.5, "seed": 42, "max_tokens": 30});
     let a = server.post_json("/v1/chat/completions", &body).await.json();
     let b = server.post_json("/v1/chat/completions", &body).await.json();
-    assert_eq!(a["choices"][0]["message"]["content"], b["choices"][0]["message"]["content"]);
+    assert_eq!(
+        a["choices"][0]["message"]["content"],
+        b["choices"][0]["message"]["content"]
+    );
 }
 
 #[tokio::test]
@@ -112,7 +130,10 @@ async fn chat_stream_has_role_first_then_content_then_done() {
         )
         .await;
     assert_eq!(response.status, 200, "{}", response.body);
-    assert!(response.header("content-type").unwrap().starts_with("text/event-stream"));
+    assert!(response
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/event-stream"));
     let events = response.sse_events();
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -127,7 +148,10 @@ async fn chat_stream_has_role_first_then_content_then_done() {
     for chunk in &chunks {
         assert_eq!(chunk["object"], "chat.completion.chunk");
         assert_eq!(chunk["id"], chunks[0]["id"]);
-        assert!(chunk.get("usage").is_none(), "usage only with include_usage");
+        assert!(
+            chunk.get("usage").is_none(),
+            "usage only with include_usage"
+        );
         if let Some(piece) = chunk["choices"][0]["delta"]["content"].as_str() {
             text.push_str(piece);
         }
@@ -166,7 +190,10 @@ async fn chat_stream_include_usage_adds_a_usage_chunk() {
 async fn completions_plain_and_streaming() {
     let server = TestServer::default().await;
     let body = server
-        .post_json("/v1/completions", &json!({"model": "mock", "prompt": "Once upon", "temperature": 0}))
+        .post_json(
+            "/v1/completions",
+            &json!({"model": "mock", "prompt": "Once upon", "temperature": 0}),
+        )
         .await
         .json();
     assert_eq!(body["object"], "text_completion");
@@ -205,7 +232,11 @@ async fn models_lists_the_served_model() {
     assert_eq!(body["data"][0]["id"], "mock");
     assert_eq!(body["data"][0]["object"], "model");
     assert_eq!(server.get("/v1/models/mock").await.json()["id"], "mock");
-    assert_openai_error(&server.get("/v1/models/gpt-4").await, 404, "not_found_error");
+    assert_openai_error(
+        &server.get("/v1/models/gpt-4").await,
+        404,
+        "not_found_error",
+    );
 }
 
 #[tokio::test]
@@ -220,20 +251,49 @@ async fn errors_have_the_openai_shape_and_status() {
     let chat = "/v1/chat/completions";
 
     // Malformed JSON.
-    let body = assert_openai_error(&server.post(chat, "{\"messages\": [").await, 400, "invalid_request_error");
-    assert!(body["error"]["message"].as_str().unwrap().contains("malformed JSON"));
+    let body = assert_openai_error(
+        &server.post(chat, "{\"messages\": [").await,
+        400,
+        "invalid_request_error",
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("malformed JSON"));
     // Wrong types.
-    assert_openai_error(&server.post(chat, r#"{"messages": "hi"}"#).await, 400, "invalid_request_error");
     assert_openai_error(
-        &server.post(chat, r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}"#).await,
+        &server.post(chat, r#"{"messages": "hi"}"#).await,
+        400,
+        "invalid_request_error",
+    );
+    assert_openai_error(
+        &server
+            .post(
+                chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": "ten"}"#,
+            )
+            .await,
         400,
         "invalid_request_error",
     );
     // Missing messages, empty messages, unknown role, image parts.
-    assert_openai_error(&server.post(chat, r#"{"model": "mock"}"#).await, 400, "invalid_request_error");
-    assert_openai_error(&server.post(chat, r#"{"messages": []}"#).await, 400, "invalid_request_error");
     assert_openai_error(
-        &server.post(chat, r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).await,
+        &server.post(chat, r#"{"model": "mock"}"#).await,
+        400,
+        "invalid_request_error",
+    );
+    assert_openai_error(
+        &server.post(chat, r#"{"messages": []}"#).await,
+        400,
+        "invalid_request_error",
+    );
+    assert_openai_error(
+        &server
+            .post(
+                chat,
+                r#"{"messages": [{"role": "wizard", "content": "x"}]}"#,
+            )
+            .await,
         400,
         "invalid_request_error",
     );
@@ -246,14 +306,24 @@ async fn errors_have_the_openai_shape_and_status() {
     );
     // n != 1.
     let body = assert_openai_error(
-        &server.post(chat, r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#).await,
+        &server
+            .post(
+                chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#,
+            )
+            .await,
         400,
         "invalid_request_error",
     );
     assert!(body["error"]["message"].as_str().unwrap().contains("n = 2"));
     // Unknown model.
     let body = assert_openai_error(
-        &server.post(chat, r#"{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}"#).await,
+        &server
+            .post(
+                chat,
+                r#"{"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}]}"#,
+            )
+            .await,
         404,
         "not_found_error",
     );
@@ -263,18 +333,34 @@ async fn errors_have_the_openai_shape_and_status() {
     let body = assert_openai_error(&server.post(chat, &big).await, 413, "invalid_request_error");
     assert_eq!(body["error"]["code"], "request_too_large");
     // Context overflow: 128-token context.
-    let long = json!({"messages": [{"role": "user", "content": "y".repeat(100)}], "max_tokens": 100}).to_string();
-    let body = assert_openai_error(&server.post(chat, &long).await, 400, "invalid_request_error");
+    let long =
+        json!({"messages": [{"role": "user", "content": "y".repeat(100)}], "max_tokens": 100})
+            .to_string();
+    let body = assert_openai_error(
+        &server.post(chat, &long).await,
+        400,
+        "invalid_request_error",
+    );
     assert_eq!(body["error"]["code"], "context_length_exceeded");
     let body = assert_openai_error(
-        &server.post("/v1/completions", &json!({"prompt": "z".repeat(200)}).to_string()).await,
+        &server
+            .post(
+                "/v1/completions",
+                &json!({"prompt": "z".repeat(200)}).to_string(),
+            )
+            .await,
         400,
         "invalid_request_error",
     );
     assert_eq!(body["error"]["code"], "context_length_exceeded");
     // Bad sampling values.
     assert_openai_error(
-        &server.post(chat, r#"{"messages": [{"role": "user", "content": "x"}], "top_p": 0}"#).await,
+        &server
+            .post(
+                chat,
+                r#"{"messages": [{"role": "user", "content": "x"}], "top_p": 0}"#,
+            )
+            .await,
         400,
         "invalid_request_error",
     );
@@ -282,7 +368,13 @@ async fn errors_have_the_openai_shape_and_status() {
     assert_openai_error(&server.get("/v1/nothing").await, 404, "not_found_error");
     assert_openai_error(&server.get(chat).await, 405, "invalid_request_error");
     // No generation was started by any of these.
-    assert_eq!(server.stats.sequences_opened.load(std::sync::atomic::Ordering::SeqCst), 0);
+    assert_eq!(
+        server
+            .stats
+            .sequences_opened
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0
+    );
 }
 
 #[tokio::test]
@@ -294,7 +386,10 @@ async fn without_max_tokens_generation_may_use_the_rest_of_the_context() {
     };
     let server = TestServer::start(mock, SchedulerConfig::default(), config()).await;
     let body = server
-        .post_json("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}))
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0}),
+        )
         .await
         .json();
     let prompt = "<|user|>\nHi\n<|assistant|>\n".len() + 1;

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use common::{config, open_stream_until, request, TestServer};
 use flatrun_server::mock::{mock_engine, MockConfig};
-use flatrun_server::{Engine, EngineError, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig};
+use flatrun_server::{
+    Engine, EngineError, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
+};
 use serde_json::json;
 
 fn endless() -> MockConfig {
@@ -45,15 +47,24 @@ async fn concurrent_sequences_share_each_step() {
         ..SchedulerConfig::default()
     };
     let (engine, stats) = mock_engine(mock, scheduler).unwrap();
-    let streams: Vec<_> = (0..4).map(|_| engine.submit(greedy("Hi", 20)).unwrap()).collect();
+    let streams: Vec<_> = (0..4)
+        .map(|_| engine.submit(greedy("Hi", 20)).unwrap())
+        .collect();
     let mut texts = Vec::new();
     for stream in streams {
         texts.push(stream.collect_text().await.unwrap().0);
     }
-    assert!(texts.iter().all(|t| t == "Hello from the Flatr"), "{texts:?}");
+    assert!(
+        texts.iter().all(|t| t == "Hello from the Flatr"),
+        "{texts:?}"
+    );
     assert_eq!(stats.max_batch.load(Ordering::SeqCst), 4);
     // 4 × 20 tokens in about 21 steps, not 84.
-    assert!(stats.steps.load(Ordering::SeqCst) <= 30, "{} steps", stats.steps.load(Ordering::SeqCst));
+    assert!(
+        stats.steps.load(Ordering::SeqCst) <= 30,
+        "{} steps",
+        stats.steps.load(Ordering::SeqCst)
+    );
     assert_eq!(engine.stats().generated_tokens_total, 80);
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while stats.live_sequences.load(Ordering::SeqCst) != 0 {
@@ -88,7 +99,9 @@ async fn full_queue_is_refused_immediately() {
         ..SchedulerConfig::default()
     };
     let (engine, stats) = mock_engine(endless(), scheduler).unwrap();
-    let held: Vec<_> = (0..3).map(|_| engine.submit(greedy("Hi", 100_000)).unwrap()).collect();
+    let held: Vec<_> = (0..3)
+        .map(|_| engine.submit(greedy("Hi", 100_000)).unwrap())
+        .collect();
     while engine.stats().active_sequences != 2 || engine.stats().queued_requests != 1 {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -111,7 +124,10 @@ async fn dropping_a_stream_frees_the_sequence_at_the_next_step() {
     let (engine, stats) = mock_engine(endless(), SchedulerConfig::default()).unwrap();
     let mut stream = engine.submit(greedy("Hi", 100_000)).unwrap();
     for _ in 0..3 {
-        assert!(matches!(stream.next_event().await, Some(GenerationEvent::Token { .. })));
+        assert!(matches!(
+            stream.next_event().await,
+            Some(GenerationEvent::Token { .. })
+        ));
     }
     assert_eq!(stats.live_sequences.load(Ordering::SeqCst), 1);
     let steps_at_drop = stats.steps.load(Ordering::SeqCst);
@@ -135,11 +151,28 @@ async fn http_queue_full_is_429_for_openai_and_529_for_anthropic() {
     let server = TestServer::start(endless(), scheduler, config()).await;
     let stream_body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000, "stream": true}).to_string();
     // One running, one queued (it never produces a token, so wait for its headers only).
-    let (_running, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &stream_body, r#""content":"l""#).await;
-    let (_queued, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &stream_body, "\r\n\r\n").await;
+    let (_running, _) = open_stream_until(
+        server.addr,
+        "/v1/chat/completions",
+        &[],
+        &stream_body,
+        r#""content":"l""#,
+    )
+    .await;
+    let (_queued, _) = open_stream_until(
+        server.addr,
+        "/v1/chat/completions",
+        &[],
+        &stream_body,
+        "\r\n\r\n",
+    )
+    .await;
 
     let openai = server
-        .post_json("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}))
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2}),
+        )
         .await;
     assert_eq!(openai.status, 429, "{}", openai.body);
     assert_eq!(openai.json()["error"]["type"], "rate_limit_error");
@@ -153,6 +186,30 @@ async fn http_queue_full_is_429_for_openai_and_529_for_anthropic() {
     let metrics = server.get("/metrics").await.body;
     assert!(metrics.contains("flatrun_queue_depth 1"), "{metrics}");
     assert!(metrics.contains("flatrun_active_sequences 1"), "{metrics}");
+    // A queued client that goes away gives its place back.
+    drop(_queued);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !server
+        .get("/metrics")
+        .await
+        .body
+        .contains("flatrun_queue_depth 0")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "queued request not dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (_accepted, head) = open_stream_until(
+        server.addr,
+        "/v1/chat/completions",
+        &[],
+        &stream_body,
+        "\r\n\r\n",
+    )
+    .await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
 }
 
 #[tokio::test]
@@ -160,16 +217,33 @@ async fn client_disconnect_mid_stream_frees_its_sequence() {
     let server = TestServer::start(endless(), SchedulerConfig::default(), config()).await;
     let openai = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000, "stream": true}).to_string();
     let anthropic = json!({"model": "mock", "max_tokens": 100_000, "stream": true, "messages": [{"role": "user", "content": "Hi"}]}).to_string();
-    let (a, _) = open_stream_until(server.addr, "/v1/chat/completions", &[], &openai, r#""content":"l""#).await;
-    let (b, _) = open_stream_until(server.addr, "/v1/messages", &[], &anthropic, r#""text":"l""#).await;
+    let (a, _) = open_stream_until(
+        server.addr,
+        "/v1/chat/completions",
+        &[],
+        &openai,
+        r#""content":"l""#,
+    )
+    .await;
+    let (b, _) = open_stream_until(
+        server.addr,
+        "/v1/messages",
+        &[],
+        &anthropic,
+        r#""text":"l""#,
+    )
+    .await;
     assert_eq!(server.stats.live_sequences.load(Ordering::SeqCst), 2);
     drop(a);
     drop(b);
     server.wait_all_freed().await;
     // A non-streaming client that gives up is freed too.
     let addr = server.addr;
-    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000}).to_string();
-    let waiting = tokio::spawn(async move { request(addr, "POST", "/v1/chat/completions", &[], body.as_bytes()).await });
+    let body =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100_000}).to_string();
+    let waiting = tokio::spawn(async move {
+        request(addr, "POST", "/v1/chat/completions", &[], body.as_bytes()).await
+    });
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(server.stats.live_sequences.load(Ordering::SeqCst), 1);
     waiting.abort();

@@ -14,22 +14,33 @@ use serde_json::json;
 #[tokio::test]
 async fn health_is_503_while_loading_then_200() {
     let (server, engine) =
-        TestServer::start_loading(MockConfig::default(), SchedulerConfig::default(), config()).await;
+        TestServer::start_loading(MockConfig::default(), SchedulerConfig::default(), config())
+            .await;
     let health = server.get("/health").await;
     assert_eq!(health.status, 503);
     assert_eq!(health.json()["status"], "loading");
     // API calls while loading: 503 in each API's shape.
     let chat = server
-        .post_json("/v1/chat/completions", &json!({"messages": [{"role": "user", "content": "x"}]}))
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
     assert_eq!(chat.status, 503);
     assert_eq!(chat.json()["error"]["code"], "model_loading");
     let message = server
-        .post_json("/v1/messages", &json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}))
+        .post_json(
+            "/v1/messages",
+            &json!({"max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
     assert_eq!(message.status, 503);
     assert_eq!(message.json()["type"], "error");
-    assert!(server.get("/metrics").await.body.contains("flatrun_model_loaded 0"));
+    assert!(server
+        .get("/metrics")
+        .await
+        .body
+        .contains("flatrun_model_loaded 0"));
 
     server.slot.set(engine);
     let health = server.get("/health").await;
@@ -40,12 +51,16 @@ async fn health_is_503_while_loading_then_200() {
 #[tokio::test]
 async fn metrics_count_requests_and_tokens() {
     let server = TestServer::default().await;
-    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 7});
+    let body =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 7});
     server.post_json("/v1/chat/completions", &body).await;
     server.post("/v1/chat/completions", "{").await;
     let metrics = server.get("/metrics").await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics.header("content-type").unwrap().starts_with("text/plain"));
+    assert!(metrics
+        .header("content-type")
+        .unwrap()
+        .starts_with("text/plain"));
     let text = metrics.body;
     for needle in [
         "# TYPE flatrun_requests_total counter",
@@ -67,7 +82,10 @@ async fn metrics_count_requests_and_tokens() {
 #[tokio::test]
 async fn tokenize_and_detokenize_round_trip() {
     let server = TestServer::default().await;
-    let tokens = server.post_json("/tokenize", &json!({"content": "héllo"})).await.json();
+    let tokens = server
+        .post_json("/tokenize", &json!({"content": "héllo"}))
+        .await
+        .json();
     assert_eq!(tokens["tokens"], json!([104, 195, 169, 108, 108, 111]));
     let with_bos = server
         .post_json("/tokenize", &json!({"content": "a", "add_special": true}))
@@ -75,13 +93,21 @@ async fn tokenize_and_detokenize_round_trip() {
         .json();
     assert_eq!(with_bos["tokens"], json!([256, 97]));
     let text = server
-        .post_json("/detokenize", &json!({"tokens": [104, 195, 169, 108, 108, 111]}))
+        .post_json(
+            "/detokenize",
+            &json!({"tokens": [104, 195, 169, 108, 108, 111]}),
+        )
         .await
         .json();
     assert_eq!(text["content"], "héllo");
-    let bad = server.post_json("/detokenize", &json!({"tokens": [99999]})).await;
+    let bad = server
+        .post_json("/detokenize", &json!({"tokens": [99999]}))
+        .await;
     assert_eq!(bad.status, 400);
-    assert_eq!(server.post("/tokenize", r#"{"content": 5}"#).await.status, 400);
+    assert_eq!(
+        server.post("/tokenize", r#"{"content": 5}"#).await.status,
+        400
+    );
 }
 
 #[tokio::test]
@@ -89,26 +115,73 @@ async fn api_key_is_required_as_bearer_or_x_api_key() {
     let mut cfg = config();
     cfg.api_key = Some("sekrit".to_string());
     let server = TestServer::start(MockConfig::default(), SchedulerConfig::default(), cfg).await;
-    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).to_string();
-    let message = json!({"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}).to_string();
+    let chat =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}).to_string();
+    let message =
+        json!({"max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]}).to_string();
 
     // Missing and wrong keys: 401 in each API's shape, before any work.
-    let missing = request(server.addr, "POST", "/v1/chat/completions", &[], chat.as_bytes()).await;
+    let missing = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[],
+        chat.as_bytes(),
+    )
+    .await;
     assert_eq!(missing.status, 401);
     assert_eq!(missing.json()["error"]["code"], "invalid_api_key");
-    let wrong = request(server.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer nope")], chat.as_bytes()).await;
+    let wrong = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer nope")],
+        chat.as_bytes(),
+    )
+    .await;
     assert_eq!(wrong.status, 401);
-    let wrong = request(server.addr, "POST", "/v1/messages", &[("x-api-key", "nope")], message.as_bytes()).await;
+    let wrong = request(
+        server.addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", "nope")],
+        message.as_bytes(),
+    )
+    .await;
     assert_eq!(wrong.status, 401);
     assert_eq!(wrong.json()["error"]["type"], "authentication_error");
-    assert_eq!(request(server.addr, "GET", "/v1/models", &[], b"").await.status, 401);
-    assert_eq!(request(server.addr, "GET", "/metrics", &[], b"").await.status, 401);
+    assert_eq!(
+        request(server.addr, "GET", "/v1/models", &[], b"")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        request(server.addr, "GET", "/metrics", &[], b"")
+            .await
+            .status,
+        401
+    );
     assert_eq!(server.stats.sequences_opened.load(Ordering::SeqCst), 0);
 
     // Right key, either header; /health is open.
-    let ok = request(server.addr, "POST", "/v1/chat/completions", &[("Authorization", "Bearer sekrit")], chat.as_bytes()).await;
+    let ok = request(
+        server.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer sekrit")],
+        chat.as_bytes(),
+    )
+    .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
-    let ok = request(server.addr, "POST", "/v1/messages", &[("x-api-key", "sekrit")], message.as_bytes()).await;
+    let ok = request(
+        server.addr,
+        "POST",
+        "/v1/messages",
+        &[("x-api-key", "sekrit")],
+        message.as_bytes(),
+    )
+    .await;
     assert_eq!(ok.status, 200, "{}", ok.body);
     assert_eq!(server.get("/health").await.status, 200);
 }
@@ -127,11 +200,16 @@ async fn shutdown_lets_short_requests_finish_and_cancels_endless_ones() {
     let addr = server.addr;
     // A stream that would run for minutes.
     let body = json!({"model": "mock", "max_tokens": 50_000, "stream": true,
-                      "messages": [{"role": "user", "content": "Hi"}]}).to_string();
-    let (mut socket, _) = open_stream_until(addr, "/v1/messages", &[], &body, "content_block_delta").await;
+                      "messages": [{"role": "user", "content": "Hi"}]})
+    .to_string();
+    let (mut socket, _) =
+        open_stream_until(addr, "/v1/messages", &[], &body, "content_block_delta").await;
     // A short request in flight when the signal comes: it completes.
-    let short = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}).to_string();
-    let short = tokio::spawn(async move { request(addr, "POST", "/v1/chat/completions", &[], short.as_bytes()).await });
+    let short =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20}).to_string();
+    let short = tokio::spawn(async move {
+        request(addr, "POST", "/v1/chat/completions", &[], short.as_bytes()).await
+    });
     tokio::time::sleep(Duration::from_millis(20)).await;
     let stats = server.stats.clone();
     let started = std::time::Instant::now();

@@ -71,8 +71,8 @@ impl BlockIq2Xxs {
                 let grid = IQ2XXS_GRID[grid_idx[l] as usize];
                 let signs = KSIGNS_IQ2XS[((aux1 >> (7 * l)) & 127) as usize];
                 let y = &mut out[32 * ib32 + 8 * l..32 * ib32 + 8 * l + 8];
-                for j in 0..8 {
-                    y[j] = db * grid8(grid, j) * sign(signs, j);
+                for (j, o) in y.iter_mut().enumerate() {
+                    *o = db * grid8(grid, j) * sign(signs, j);
                 }
             }
         }
@@ -116,8 +116,8 @@ impl BlockIq2Xs {
                 let grid = IQ2XS_GRID[(q & 511) as usize];
                 let signs = KSIGNS_IQ2XS[(q >> 9) as usize];
                 let y = &mut out[32 * ib32 + 8 * l..32 * ib32 + 8 * l + 8];
-                for j in 0..8 {
-                    y[j] = db[l / 2] * grid8(grid, j) * sign(signs, j);
+                for (j, o) in y.iter_mut().enumerate() {
+                    *o = db[l / 2] * grid8(grid, j) * sign(signs, j);
                 }
             }
         }
@@ -164,8 +164,8 @@ impl BlockIq2S {
                 let grid = IQ2S_GRID[(idx_lo[4 * ib32 + l] as u32 | hi) as usize];
                 let signs = sign_bytes[4 * ib32 + l];
                 let y = &mut out[32 * ib32 + 8 * l..32 * ib32 + 8 * l + 8];
-                for j in 0..8 {
-                    y[j] = db[l / 2] * grid8(grid, j) * sign(signs, j);
+                for (j, o) in y.iter_mut().enumerate() {
+                    *o = db[l / 2] * grid8(grid, j) * sign(signs, j);
                 }
             }
         }
@@ -313,8 +313,8 @@ impl BlockIq1S {
                 let idx = self.qs[4 * ib + l] as u32 | (((qh >> (3 * l)) & 7) << 8);
                 let grid = IQ1S_GRID[idx as usize];
                 let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
-                for j in 0..8 {
-                    y[j] = dl * (grid1(grid, j) + delta);
+                for (j, o) in y.iter_mut().enumerate() {
+                    *o = dl * (grid1(grid, j) + delta);
                 }
             }
         }
@@ -408,8 +408,8 @@ impl BlockIq1M {
                 let dl = if l < 2 { dl1 } else { dl2 };
                 let grid = IQ1S_GRID[idx[l] as usize];
                 let y = &mut out[32 * ib + 8 * l..32 * ib + 8 * l + 8];
-                for j in 0..8 {
-                    y[j] = dl * (grid1(grid, j) + delta[l]);
+                for (j, o) in y.iter_mut().enumerate() {
+                    *o = dl * (grid1(grid, j) + delta[l]);
                 }
             }
         }

@@ -125,7 +125,11 @@ impl NativeKernels {
                         &acts[t * acts_per_token..(t + 1) * acts_per_token]
                     });
                     for r in g0..g1 {
-                        kernel(&w.data[r * rb..(r + 1) * rb], &tile[..nt], &mut tile_out[..nt]);
+                        kernel(
+                            &w.data[r * rb..(r + 1) * rb],
+                            &tile[..nt],
+                            &mut tile_out[..nt],
+                        );
                         for (k, &v) in tile_out[..nt].iter().enumerate() {
                             let p = out_ptr;
                             // SAFETY: (t0+k, r) is inside the n_tokens × rows output checked by
@@ -149,7 +153,13 @@ impl Kernels for NativeKernels {
         "native"
     }
 
-    fn matmul(&self, w: &Weight, x: &[f32], n_tokens: usize, out: &mut [f32]) -> Result<(), KernelError> {
+    fn matmul(
+        &self,
+        w: &Weight,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         check_matmul(w, x, n_tokens, out)?;
         if n_tokens == 0 || w.rows == 0 {
             return Ok(());
@@ -163,7 +173,9 @@ impl Kernels for NativeKernels {
                 acts.clear();
                 acts.resize(n_tokens * cols / QK8, BlockQ8::default());
                 quantize_q8(x, &mut acts);
-                self.for_rows(w, &acts, cols / QK8, n_tokens, out, |row, tile, o| (d.q8)(t, row, tile, o));
+                self.for_rows(w, &acts, cols / QK8, n_tokens, out, |row, tile, o| {
+                    (d.q8)(t, row, tile, o)
+                });
                 ACTS_Q8.with(|c| c.replace(acts));
             }
             (Partner::Q8K, WeightFormat::Ggml(t)) => {
@@ -171,34 +183,54 @@ impl Kernels for NativeKernels {
                 acts.clear();
                 acts.resize(n_tokens * cols / QK_K, BlockQ8K::default());
                 quantize_q8k(x, &mut acts);
-                self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |row, tile, o| (d.q8k)(t, row, tile, o));
+                self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |row, tile, o| {
+                    (d.q8k)(t, row, tile, o)
+                });
                 ACTS_Q8K.with(|c| c.replace(acts));
             }
             (Partner::F32, WeightFormat::Ggml(t)) => {
-                self.for_rows(w, x, cols, n_tokens, out, |row, tile, o| (d.f32)(t, row, tile, o));
+                self.for_rows(w, x, cols, n_tokens, out, |row, tile, o| {
+                    (d.f32)(t, row, tile, o)
+                });
             }
             _ => {
                 // Decode each row into a per-worker buffer, then a float dot.
                 let rb = w.row_bytes().max(1);
+                let failure = std::sync::Mutex::new(None);
                 self.for_rows(w, x, cols, n_tokens, out, |row, tile, o| {
                     let r = (row.as_ptr() as usize - w.data.as_ptr() as usize) / rb;
                     DECODED_ROW.with(|c| {
                         let mut buf = c.take();
                         buf.resize(cols, 0.0);
-                        decode_row(w, r, &mut buf);
-                        (d.f32)(GgmlType::F32, bytemuck::cast_slice(&buf), tile, o);
+                        match decode_row(w, r, &mut buf) {
+                            Ok(()) => (d.f32)(GgmlType::F32, bytemuck::cast_slice(&buf), tile, o),
+                            Err(e) => {
+                                o.fill(0.0);
+                                if let Ok(mut f) = failure.lock() {
+                                    f.get_or_insert(e);
+                                }
+                            }
+                        }
                         c.replace(buf);
                     });
                 });
+                if let Some(e) = failure.into_inner().ok().flatten() {
+                    return Err(e);
+                }
             }
         }
         Ok(())
     }
 
-    fn dequantize_rows(&self, w: &Weight, rows: Range<usize>, out: &mut [f32]) -> Result<(), KernelError> {
+    fn dequantize_rows(
+        &self,
+        w: &Weight,
+        rows: Range<usize>,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
         check_dequantize(w, &rows, out)?;
         for (i, r) in rows.enumerate() {
-            decode_row(w, r, &mut out[i * w.cols..(i + 1) * w.cols]);
+            decode_row(w, r, &mut out[i * w.cols..(i + 1) * w.cols])?;
         }
         Ok(())
     }

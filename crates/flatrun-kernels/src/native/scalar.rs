@@ -30,7 +30,11 @@ fn unpack_block32(t: GgmlType, blk: &[u8], sub: usize) -> Block32 {
                 q[j] = lo;
                 q[j + 16] = hi;
             }
-            let m = if t == GgmlType::Q4_1 { f16_at(blk, 2) } else { 0.0 };
+            let m = if t == GgmlType::Q4_1 {
+                f16_at(blk, 2)
+            } else {
+                0.0
+            };
             (f16_at(blk, 0), m)
         }
         GgmlType::Q5_0 | GgmlType::Q5_1 => {
@@ -44,7 +48,11 @@ fn unpack_block32(t: GgmlType, blk: &[u8], sub: usize) -> Block32 {
                 q[j] = lo as i8 - bias;
                 q[j + 16] = hi as i8 - bias;
             }
-            let m = if t == GgmlType::Q5_1 { f16_at(blk, 2) } else { 0.0 };
+            let m = if t == GgmlType::Q5_1 {
+                f16_at(blk, 2)
+            } else {
+                0.0
+            };
             (f16_at(blk, 0), m)
         }
         GgmlType::Q8_0 => {
@@ -74,8 +82,14 @@ pub(crate) fn dot_q8(t: GgmlType, row: &[u8], acts: &[&[BlockQ8]], out: &mut [f3
         for (i, blk) in row.chunks_exact(ts).enumerate() {
             for sub in 0..subs {
                 let w = unpack_block32(t, blk, sub);
-                let Some(ab) = a.get(i * subs + sub) else { break };
-                let sumi: i32 = w.q.iter().zip(&ab.qs).map(|(&x, &y)| x as i32 * y as i32).sum();
+                let Some(ab) = a.get(i * subs + sub) else {
+                    break;
+                };
+                let sumi: i32 =
+                    w.q.iter()
+                        .zip(&ab.qs)
+                        .map(|(&x, &y)| x as i32 * y as i32)
+                        .sum();
                 // d_w·d_a·Σq_w·q_a, plus the min times the activations' sum (Q4_1/Q5_1).
                 sum += w.d * ab.d * sumi as f32 + w.m * ab.s;
             }
@@ -137,7 +151,11 @@ fn unpack_block256(t: GgmlType, blk: &[u8]) -> Block256 {
                 b.min[2 * j] = m as i32;
                 b.min[2 * j + 1] = m as i32;
             }
-            let qs = if t == GgmlType::Q4_K { &blk[16..144] } else { &blk[48..176] };
+            let qs = if t == GgmlType::Q4_K {
+                &blk[16..144]
+            } else {
+                &blk[48..176]
+            };
             for i in 0..QK_K {
                 let (c, hi, l) = (i / 64, (i % 64) / 32, i % 32);
                 let mut v = (qs[32 * c + l] >> (4 * hi)) & 0xF;

@@ -39,7 +39,6 @@ macro_rules! tile {
     }};
 }
 
-
 macro_rules! x86_kernels {
     ($level:ident, $features:literal, $mul_sum:path) => {
         /// Kernels compiled for one x86 feature set.
@@ -61,12 +60,41 @@ macro_rules! x86_kernels {
                 _mm_cvtss_f32(s)
             }
 
-            /// Little-endian f16 at `p` as f32.
+            /// The two little-endian f16 values at `p` and `p + 2` as f32 (4 bytes read).
+            /// A zero-extending 32-bit load: converting from a 16-bit insert instead would
+            /// merge into (and wait for) whatever register LLVM picks, often an accumulator.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_pair(p: *const u8) -> (f32, f32) {
+                let bits = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+                let v: __m128i;
+                // SAFETY: `vmovd` only moves a general register into a vector register
+                // (zeroing the rest); it touches no memory. Written as asm so LLVM cannot
+                // narrow it into an insert that depends on the register's old contents.
+                unsafe {
+                    std::arch::asm!(
+                        "vmovd {v}, {b:e}",
+                        v = lateout(xmm_reg) v,
+                        b = in(reg) bits,
+                        options(pure, nomem, nostack, preserves_flags)
+                    );
+                }
+                let f = _mm_cvtph_ps(v);
+                (_mm_cvtss_f32(f), _mm_cvtss_f32(_mm_movehdup_ps(f)))
+            }
+
+            /// The f16 at `p` (reads `p - 2 .. p + 2`: only for scales not at the start of a block).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_after(p: *const u8) -> f32 {
+                f16_pair(p.sub(2)).1
+            }
+
+            /// The f16 at `p` (reads `p .. p + 4`: only for scales not at the end of a block).
             #[inline]
             #[target_feature(enable = $features)]
             unsafe fn f16_at(p: *const u8) -> f32 {
-                let bits = u16::from_le_bytes([*p, *p.add(1)]);
-                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+                f16_pair(p).0
             }
 
             /// 16 bytes of nibbles → 32 bytes: low nibbles first, then high nibbles.
@@ -122,7 +150,10 @@ macro_rules! x86_kernels {
                 const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
                 match T {
                     Q4_0 => (_mm256_sub_epi8(nibbles(b.add(2)), _mm256_set1_epi8(8)), f16_at(b), 0.0),
-                    Q4_1 => (nibbles(b.add(4)), f16_at(b), f16_at(b.add(2))),
+                    Q4_1 => {
+                        let (d, m) = f16_pair(b);
+                        (nibbles(b.add(4)), d, m)
+                    }
                     Q5_0 => {
                         // Missing fifth bit ⇒ value − 16, i.e. the high nibble 0xF0 in two's complement.
                         let hi = _mm256_andnot_si256(bits_to_bytes(b.add(2)), _mm256_set1_epi8(0xF0u8 as i8));
@@ -130,12 +161,29 @@ macro_rules! x86_kernels {
                     }
                     Q5_1 => {
                         let hi = _mm256_and_si256(bits_to_bytes(b.add(4)), _mm256_set1_epi8(0x10));
-                        (_mm256_or_si256(nibbles(b.add(8)), hi), f16_at(b), f16_at(b.add(2)))
+                        let (d, m) = f16_pair(b);
+                        (_mm256_or_si256(nibbles(b.add(8)), hi), d, m)
                     }
                     Q8_0 => (_mm256_loadu_si256(b.add(2) as *const __m256i), f16_at(b), 0.0),
                     IQ4_NL => (_mm256_shuffle_epi8(table, nibbles(b.add(2))), f16_at(b), 0.0),
                     _ => (_mm256_setzero_si256(), 0.0, 0.0),
                 }
+            }
+
+            /// One legacy block × one Q8 block: the scaled products (8 lanes) and the min term.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn legacy_step<const T: u32>(b: *const u8, a: &BlockQ8, table: __m256i) -> (__m256, f32) {
+                let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
+                let (qx, dw, mw) = legacy_block::<T>(b, table);
+                let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let p = if unsigned {
+                    $mul_sum(qx, ay)
+                } else {
+                    $mul_sum(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(ay, qx))
+                };
+                let scaled = _mm256_mul_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(p));
+                (scaled, if unsigned { mw * a.s } else { 0.0 })
             }
 
             /// Legacy format `T` (32-value blocks of `TS` bytes) × a tile of `N` Q8 token rows.
@@ -149,6 +197,28 @@ macro_rules! x86_kernels {
                 let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
                 let table = iq4nl_table();
                 let nb = row.len() / TS;
+                if N == 1 {
+                    // One token: two accumulators over even/odd blocks halve the FMA chain.
+                    let a = acts.get_unchecked(0);
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut mins = 0f32;
+                    let mut i = 0;
+                    while i + 1 < nb {
+                        let (p0, m0) = legacy_step::<T>(row.as_ptr().add(i * TS), a.get_unchecked(i), table);
+                        let (p1, m1) = legacy_step::<T>(row.as_ptr().add((i + 1) * TS), a.get_unchecked(i + 1), table);
+                        acc0 = _mm256_add_ps(acc0, p0);
+                        acc1 = _mm256_add_ps(acc1, p1);
+                        mins += m0 + m1;
+                        i += 2;
+                    }
+                    if i < nb {
+                        let (p0, m0) = legacy_step::<T>(row.as_ptr().add(i * TS), a.get_unchecked(i), table);
+                        acc0 = _mm256_add_ps(acc0, p0);
+                        mins += m0;
+                    }
+                    out[0] = hsum(_mm256_add_ps(acc0, acc1)) + mins;
+                    return;
+                }
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut mins = [0f32; N];
                 for i in 0..nb {
@@ -216,7 +286,7 @@ macro_rules! x86_kernels {
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 144);
                     let blk = std::slice::from_raw_parts(b, 144);
-                    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                    let (d, dmin) = f16_pair(b);
                     let mut sc = [0i32; 8];
                     let mut mn = [0i32; 8];
                     for j in 0..8 {
@@ -264,7 +334,7 @@ macro_rules! x86_kernels {
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 176);
                     let blk = std::slice::from_raw_parts(b, 176);
-                    let (d, dmin) = (f16_at(b), f16_at(b.add(2)));
+                    let (d, dmin) = f16_pair(b);
                     let mut sc = [0i32; 8];
                     let mut mn = [0i32; 8];
                     for j in 0..8 {
@@ -315,7 +385,7 @@ macro_rules! x86_kernels {
                 let mut offs = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 210);
-                    let d = f16_at(b.add(208));
+                    let d = f16_after(b.add(208));
                     let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for half in 0..2 {
@@ -375,7 +445,7 @@ macro_rules! x86_kernels {
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 84);
                     let sc = std::slice::from_raw_parts(b, 16);
-                    let (d, dmin) = (f16_at(b.add(80)), f16_at(b.add(82)));
+                    let (d, dmin) = f16_pair(b.add(80));
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for half in 0..2 {
                         let mut q = _mm256_loadu_si256(b.add(16 + 32 * half) as *const __m256i);
@@ -416,7 +486,7 @@ macro_rules! x86_kernels {
                 let mut offs = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 110);
-                    let d = f16_at(b.add(108));
+                    let d = f16_after(b.add(108));
                     let sc = q3k_scales(std::slice::from_raw_parts(b.add(96), 12));
                     let mut hm = _mm256_loadu_si256(b as *const __m256i);
                     let mut sumi = [_mm256_setzero_si256(); N];
@@ -538,7 +608,7 @@ macro_rules! x86_kernels {
                 const F16: u32 = GgmlType::F16 as u32;
                 const BF16: u32 = GgmlType::BF16 as u32;
                 match T {
-                    F16 => f16_at(p),
+                    F16 => half::f16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
                     BF16 => half::bf16::from_bits(u16::from_le_bytes([*p, *p.add(1)])).to_f32(),
                     _ => f32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]),
                 }

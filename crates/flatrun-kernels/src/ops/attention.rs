@@ -24,7 +24,11 @@ impl KvSlice<'_> {
     #[inline]
     fn dot(&self, off: usize, q: &[f32]) -> f32 {
         match self {
-            KvSlice::F32(s) => s[off..off + q.len()].iter().zip(q).map(|(&a, &b)| a * b).sum(),
+            KvSlice::F32(s) => s[off..off + q.len()]
+                .iter()
+                .zip(q)
+                .map(|(&a, &b)| a * b)
+                .sum(),
             KvSlice::F16(s) => s[off..off + q.len()]
                 .iter()
                 .zip(q)
@@ -112,9 +116,8 @@ pub fn attention(
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
                     let kp = key_pos[j];
-                    let visible = kp != usize::MAX
-                        && kp <= qp
-                        && cfg.window.is_none_or(|w| qp - kp < w);
+                    let visible =
+                        kp != usize::MAX && kp <= qp && cfg.window.is_none_or(|w| qp - kp < w);
                     if !visible {
                         continue;
                     }

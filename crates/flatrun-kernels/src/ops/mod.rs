@@ -7,7 +7,7 @@ mod norm;
 mod rope;
 mod softmax;
 
-pub use activation::{gelu_tanh, geglu, silu, swiglu};
+pub use activation::{geglu, gelu_tanh, silu, swiglu};
 pub use attention::{attention, AttnConfig, KvSlice};
 pub use elementwise::{add, scale};
 pub use norm::{rms_norm, rms_norm_rows};

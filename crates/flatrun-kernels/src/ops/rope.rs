@@ -14,7 +14,9 @@ pub enum RopeLayout {
 pub enum RopeScaling {
     None,
     /// Positions divided by `factor` (ggml `freq_scale = 1/factor`).
-    Linear { factor: f32 },
+    Linear {
+        factor: f32,
+    },
     /// YaRN: interpolate low frequencies, extrapolate high ones, ramp in between.
     Yarn {
         factor: f32,
@@ -144,7 +146,10 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, positions: &[usize],
     if n_rot == 0 || head_dim == 0 {
         return;
     }
-    let params = ThetaParams::new(&RopeConfig { n_rot, ..cfg.clone() });
+    let params = ThetaParams::new(&RopeConfig {
+        n_rot,
+        ..cfg.clone()
+    });
     let llama3;
     let freq_factors: Option<&[f32]> = match (&cfg.freq_factors, cfg.scaling) {
         (Some(f), _) => Some(f),
@@ -157,7 +162,14 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, positions: &[usize],
                 orig_ctx,
             },
         ) => {
-            llama3 = llama3_freq_factors(n_rot, cfg.theta_base, factor, low_freq_factor, high_freq_factor, orig_ctx);
+            llama3 = llama3_freq_factors(
+                n_rot,
+                cfg.theta_base,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                orig_ctx,
+            );
             Some(&llama3)
         }
         (None, _) => None,

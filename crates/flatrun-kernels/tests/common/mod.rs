@@ -43,8 +43,12 @@ pub fn random_ggml(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
     let n = rows * cols;
     match t {
         GgmlType::F32 => (0..n).flat_map(|_| rng.f32().to_le_bytes()).collect(),
-        GgmlType::F16 => (0..n).flat_map(|_| f16::from_f32(rng.f32()).to_le_bytes()).collect(),
-        GgmlType::BF16 => (0..n).flat_map(|_| bf16::from_f32(rng.f32()).to_le_bytes()).collect(),
+        GgmlType::F16 => (0..n)
+            .flat_map(|_| f16::from_f32(rng.f32()).to_le_bytes())
+            .collect(),
+        GgmlType::BF16 => (0..n)
+            .flat_map(|_| bf16::from_f32(rng.f32()).to_le_bytes())
+            .collect(),
         _ => {
             let ts = t.type_size();
             let nb = n / t.block_size();
@@ -53,7 +57,11 @@ pub fn random_ggml(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
             let magnitude = if t.block_size() == 256 { 0.002 } else { 0.05 };
             for blk in bytes.chunks_exact_mut(ts) {
                 for (k, &off) in scale_offsets(t).iter().enumerate() {
-                    let v = if k == 0 { rng.f32().abs() + 0.1 } else { rng.f32() } * magnitude;
+                    let v = if k == 0 {
+                        rng.f32().abs() + 0.1
+                    } else {
+                        rng.f32()
+                    } * magnitude;
                     blk[off..off + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
                 }
             }
@@ -63,11 +71,23 @@ pub fn random_ggml(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
 }
 
 /// Random MLX affine weights: packed values, f16 scales and biases.
-pub fn random_mlx(bits: u8, group: usize, rows: usize, cols: usize, rng: &mut Rng) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let data = (0..rows * cols * bits as usize / 8).map(|_| rng.byte()).collect();
+pub fn random_mlx(
+    bits: u8,
+    group: usize,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
+    let data = (0..rows * cols * bits as usize / 8)
+        .map(|_| rng.byte())
+        .collect();
     let ng = rows * cols / group;
-    let scales = (0..ng).flat_map(|_| f16::from_f32(rng.f32().abs() * 0.02 + 0.001).to_le_bytes()).collect();
-    let biases = (0..ng).flat_map(|_| f16::from_f32(rng.f32() * 0.1).to_le_bytes()).collect();
+    let scales = (0..ng)
+        .flat_map(|_| f16::from_f32(rng.f32().abs() * 0.02 + 0.001).to_le_bytes())
+        .collect();
+    let biases = (0..ng)
+        .flat_map(|_| f16::from_f32(rng.f32() * 0.1).to_le_bytes())
+        .collect();
     (data, scales, biases)
 }
 

@@ -11,11 +11,29 @@ use super::{render_piece, Engine, PieceStyle, SpecialTokens, Tokenizer, Tokenize
 
 pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     let tokenizer_path = dir.join("tokenizer.json");
-    let json = read_json(&tokenizer_path)?.ok_or_else(|| TokenizerError::HfFile { path: tokenizer_path.clone(), what: "file not found".into() })?;
+    let mut json = read_json(&tokenizer_path)?.ok_or_else(|| TokenizerError::HfFile { path: tokenizer_path.clone(), what: "file not found".into() })?;
     let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let generation = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
-    let mut hf = tokenizers::Tokenizer::from_file(&tokenizer_path).map_err(|e| TokenizerError::HfFile { path: tokenizer_path.clone(), what: e.to_string() })?;
+    // Added tokens (id, text, special) as the file declares them. We cut them
+    // out of the text ourselves, with llama.cpp's rules, so the crate is told
+    // they are all special and asked not to split on special tokens.
+    let mut added: Vec<(u32, String, bool)> = Vec::new();
+    if let Some(list) = json.get_mut("added_tokens").and_then(Value::as_array_mut) {
+        for token in list {
+            let id = token.get("id").and_then(Value::as_u64);
+            let content = token.get("content").and_then(Value::as_str).map(str::to_string);
+            let special = token.get("special").and_then(Value::as_bool).unwrap_or(false);
+            if let (Some(id), Some(content)) = (id, content) {
+                added.push((id as u32, content, special));
+            }
+            if let Some(obj) = token.as_object_mut() {
+                obj.insert("special".into(), Value::Bool(true));
+            }
+        }
+    }
+    let bytes = serde_json::to_vec(&json).map_err(|e| TokenizerError::HfFile { path: tokenizer_path.clone(), what: e.to_string() })?;
+    let mut hf = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::HfFile { path: tokenizer_path.clone(), what: e.to_string() })?;
 
     // The vocabulary, added tokens included, indexed by id.
     let with_added = hf.get_vocab(true);
@@ -28,10 +46,9 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
             kinds[id as usize] = TokenKind::Byte;
         }
     }
-    let added = hf.get_added_tokens_decoder();
-    for (&id, token) in &added {
-        if let Some(kind) = kinds.get_mut(id as usize) {
-            *kind = if token.special { TokenKind::Control } else { TokenKind::UserDefined };
+    for (id, _, special) in &added {
+        if let Some(kind) = kinds.get_mut(*id as usize) {
+            *kind = if *special { TokenKind::Control } else { TokenKind::UserDefined };
         }
     }
 
@@ -78,7 +95,8 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
 
     // Special tokens are cut out by us; inside text the crate must not split them.
     hf.set_encode_special_tokens(true);
-    let specials = SpecialTokens::from_added(added.iter().map(|(&id, t)| (id, t.content.clone(), t.special)));
+    // Control-ness after llama.cpp's name rules (FIM and end-of-turn markers are control).
+    let specials = SpecialTokens::from_vocab(&vocab, false);
     let pieces = (0..vocab.len()).map(|id| render_piece(&vocab, style, id)).collect();
     Ok(Tokenizer {
         vocab,

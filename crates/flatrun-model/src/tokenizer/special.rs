@@ -60,17 +60,6 @@ impl SpecialTokens {
         Self::from_list(by_length)
     }
 
-    /// Special tokens given explicitly (Hugging Face `added_tokens`):
-    /// `(id, text, is_control)`.
-    pub fn from_added(tokens: impl IntoIterator<Item = (u32, String, bool)>) -> SpecialTokens {
-        Self::from_list(
-            tokens
-                .into_iter()
-                .map(|(id, text, control)| Special { id, text, needs_parse_special: control, lstrip: false, rstrip: false })
-                .collect(),
-        )
-    }
-
     fn from_list(mut by_length: Vec<Special>) -> SpecialTokens {
         by_length.retain(|s| !s.text.is_empty());
         by_length.sort_by(|a, b| b.text.len().cmp(&a.text.len()));

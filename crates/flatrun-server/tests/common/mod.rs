@@ -90,7 +90,11 @@ impl TestServer {
     pub async fn wait_all_freed(&self) {
         let deadline = Instant::now() + Duration::from_secs(5);
         while self.stats.live_sequences.load(Ordering::SeqCst) != 0 {
-            assert!(Instant::now() < deadline, "sequences not freed: {}", self.stats.live_sequences.load(Ordering::SeqCst));
+            assert!(
+                Instant::now() < deadline,
+                "sequences not freed: {}",
+                self.stats.live_sequences.load(Ordering::SeqCst)
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -151,7 +155,13 @@ pub fn parse_sse(body: &str) -> Vec<(Option<String>, String)> {
 }
 
 /// Sends one request with `Connection: close` and reads the whole response.
-pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> HttpResponse {
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> HttpResponse {
     let mut socket = TcpStream::connect(addr).await.expect("connect");
     write_request(&mut socket, method, path, headers, body).await;
     let mut raw = Vec::new();
@@ -159,12 +169,21 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&st
     parse_response(&raw)
 }
 
-pub async fn write_request(socket: &mut TcpStream, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) {
+pub async fn write_request(
+    socket: &mut TcpStream,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) {
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\nContent-Length: {}\r\n",
         body.len()
     );
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+    {
         head.push_str("Content-Type: application/json\r\n");
     }
     for (k, v) in headers {
@@ -209,12 +228,10 @@ pub fn parse_response(raw: &[u8]) -> HttpResponse {
 
 fn dechunk(mut data: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
-    loop {
-        let Some(line_end) = data.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(line_end) = data.windows(2).position(|w| w == b"\r\n") {
         let size_text = String::from_utf8_lossy(&data[..line_end]).to_string();
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("0").trim(), 16)
+            .unwrap_or(0);
         data = &data[line_end + 2..];
         if size == 0 || data.len() < size {
             out.extend_from_slice(&data[..size.min(data.len())]);
@@ -228,19 +245,33 @@ fn dechunk(mut data: &[u8]) -> Vec<u8> {
 
 /// Opens a streaming request and reads until `needle` appears in what was
 /// received, then returns the open socket and the bytes so far.
-pub async fn open_stream_until(addr: SocketAddr, path: &str, headers: &[(&str, &str)], body: &str, needle: &str) -> (TcpStream, String) {
+pub async fn open_stream_until(
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    needle: &str,
+) -> (TcpStream, String) {
     let mut socket = TcpStream::connect(addr).await.expect("connect");
     write_request(&mut socket, "POST", path, headers, body.as_bytes()).await;
     let mut received = Vec::new();
     let mut buffer = [0u8; 4096];
     let deadline = Instant::now() + Duration::from_secs(10);
     while !String::from_utf8_lossy(&received).contains(needle) {
-        assert!(Instant::now() < deadline, "timed out waiting for {needle:?}: {}", String::from_utf8_lossy(&received));
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {needle:?}: {}",
+            String::from_utf8_lossy(&received)
+        );
         let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut buffer))
             .await
             .expect("read timeout")
             .expect("read");
-        assert!(n > 0, "stream closed before {needle:?}: {}", String::from_utf8_lossy(&received));
+        assert!(
+            n > 0,
+            "stream closed before {needle:?}: {}",
+            String::from_utf8_lossy(&received)
+        );
         received.extend_from_slice(&buffer[..n]);
     }
     (socket, String::from_utf8_lossy(&received).to_string())

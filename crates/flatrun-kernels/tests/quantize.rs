@@ -1,0 +1,78 @@
+//! The activation quantizers give flatrun-dequant's reference quantizers' (= ggml's) results, bit for bit.
+
+mod common;
+
+use common::Rng;
+use flatrun_dequant::{
+    quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k, BlockQ8K as RefQ8K, BlockQ8_0,
+    BlockQ8_1,
+};
+use flatrun_kernels::native::quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
+
+fn inputs(rng: &mut Rng) -> Vec<Vec<f32>> {
+    let n = 1024;
+    vec![
+        (0..n).map(|_| rng.f32()).collect(),
+        (0..n).map(|_| rng.f32() * 1e-3).collect(),
+        (0..n)
+            .map(|i| if i % 64 < 32 { 0.0 } else { rng.f32() * 40.0 })
+            .collect(),
+        // Exact .5 ties after scaling (127 / 127 * k / 2).
+        (0..n).map(|i| (i % 255) as f32 * 0.5 - 63.5).collect(),
+    ]
+}
+
+#[test]
+fn q8_and_q8_1_match_reference() {
+    let mut rng = Rng(11);
+    for x in inputs(&mut rng) {
+        let mut mine = vec![BlockQ8::default(); x.len() / 32];
+        quantize_q8(&x, &mut mine);
+        let mut r0 = vec![
+            BlockQ8_0 {
+                d: half::f16::ZERO,
+                qs: [0; 32]
+            };
+            x.len() / 32
+        ];
+        quantize_row_q8_0(&x, &mut r0).unwrap();
+        let mut r1 = vec![
+            BlockQ8_1 {
+                d: half::f16::ZERO,
+                s: half::f16::ZERO,
+                qs: [0; 32]
+            };
+            x.len() / 32
+        ];
+        quantize_row_q8_1(&x, &mut r1).unwrap();
+        for ((m, a), b) in mine.iter().zip(&r0).zip(&r1) {
+            assert_eq!(m.qs, a.qs);
+            assert_eq!(m.d, a.d.to_f32());
+            assert_eq!(m.qs, b.qs);
+            assert_eq!(m.s, b.s.to_f32());
+        }
+    }
+}
+
+#[test]
+fn q8k_matches_reference() {
+    let mut rng = Rng(12);
+    for x in inputs(&mut rng) {
+        let mut mine = vec![BlockQ8K::default(); x.len() / 256];
+        quantize_q8k(&x, &mut mine);
+        let mut r = vec![
+            RefQ8K {
+                d: 0.0,
+                qs: [0; 256],
+                bsums: [0; 16]
+            };
+            x.len() / 256
+        ];
+        quantize_row_q8_k(&x, &mut r).unwrap();
+        for (m, a) in mine.iter().zip(&r) {
+            assert_eq!(m.d.to_bits(), a.d.to_bits());
+            assert_eq!(m.qs, a.qs);
+            assert_eq!(m.bsums, a.bsums);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! [`ServeArgs`]: the server's command-line flags, for `flatrun serve` to
+//! `#[command(flatten)]` and turn into a [`ServerConfig`] and a
+//! [`SchedulerConfig`].
+
+use std::time::Duration;
+
+use crate::config::ServerConfig;
+use crate::engine::SamplingParams;
+use crate::scheduler::SchedulerConfig;
+
+/// The flags of `flatrun serve` that belong to the HTTP server.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Address to bind; use 0.0.0.0 to expose the server beyond this machine.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// Port to bind (0 picks a free port).
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Require this key as `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    #[arg(long, env = "FLATRUN_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Sequences decoded together in one batch.
+    #[arg(long, default_value_t = 4)]
+    pub max_seqs: usize,
+    /// Requests that may wait beyond --max-seqs; more get 429/529 at once.
+    #[arg(long, default_value_t = 32)]
+    pub max_queue: usize,
+    /// Prompt tokens fed per sequence per step.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_chunk: usize,
+    /// Largest request body (bytes, or with a K/M/G suffix).
+    #[arg(long, default_value = "4M", value_parser = parse_size)]
+    pub max_body: usize,
+    /// Serve the model under this name instead of its own.
+    #[arg(long)]
+    pub served_name: Option<String>,
+    /// Seconds without output after which Anthropic streams send a ping.
+    #[arg(long, default_value_t = 1.0)]
+    pub ping_interval: f64,
+    /// Seconds in-flight requests get to finish on SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 10.0)]
+    pub shutdown_grace: f64,
+}
+
+impl ServeArgs {
+    /// The server settings, with `sampling` (from the shared sampling flags)
+    /// as the request defaults.
+    pub fn server_config(&self, sampling: SamplingParams) -> ServerConfig {
+        ServerConfig {
+            host: self.host.clone(),
+            port: self.port,
+            api_key: self.api_key.clone().filter(|k| !k.is_empty()),
+            max_body_bytes: self.max_body,
+            served_model_name: self.served_name.clone(),
+            default_sampling: sampling,
+            ping_interval: seconds(self.ping_interval),
+            shutdown_grace: seconds(self.shutdown_grace),
+        }
+    }
+
+    /// The batch scheduler settings.
+    pub fn scheduler_config(&self) -> SchedulerConfig {
+        SchedulerConfig {
+            max_seqs: self.max_seqs,
+            max_queue: self.max_queue,
+            prefill_chunk: self.prefill_chunk,
+        }
+    }
+}
+
+fn seconds(value: f64) -> Duration {
+    Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+/// Parses `4096`, `512K`, `4M`, `1G` (powers of 1024; `B`/`iB` suffixes allowed).
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let lower = lower.trim_end_matches("ib").trim_end_matches('b');
+    let (digits, multiplier) = match lower.chars().last() {
+        Some('k') => (&lower[..lower.len() - 1], 1usize << 10),
+        Some('m') => (&lower[..lower.len() - 1], 1 << 20),
+        Some('g') => (&lower[..lower.len() - 1], 1 << 30),
+        _ => (lower, 1),
+    };
+    digits
+        .trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(multiplier))
+        .ok_or_else(|| format!("`{text}` is not a size (e.g. 65536, 512K, 4M)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512K"), Ok(512 * 1024));
+        assert_eq!(parse_size("4MiB"), Ok(4 << 20));
+        assert_eq!(parse_size("1g"), Ok(1 << 30));
+        assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn defaults_bind_loopback() {
+        let cli = Cli::parse_from(["serve"]);
+        let config = cli.serve.server_config(SamplingParams::default());
+        assert_eq!(config.host, "127.0.0.1");
+        assert_eq!(config.port, 8080);
+        assert_eq!(config.max_body_bytes, 4 << 20);
+        assert_eq!(cli.serve.scheduler_config(), SchedulerConfig::default());
+    }
+
+    #[test]
+    fn flags_are_read() {
+        let cli = Cli::parse_from([
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "9000",
+            "--api-key",
+            "k",
+            "--max-seqs",
+            "8",
+            "--max-body",
+            "1M",
+            "--shutdown-grace",
+            "0.5",
+        ]);
+        let config = cli.serve.server_config(SamplingParams::default());
+        assert_eq!(config.host, "0.0.0.0");
+        assert_eq!(config.port, 9000);
+        assert_eq!(config.api_key.as_deref(), Some("k"));
+        assert_eq!(config.max_body_bytes, 1 << 20);
+        assert_eq!(config.shutdown_grace, Duration::from_millis(500));
+        assert_eq!(cli.serve.scheduler_config().max_seqs, 8);
+    }
+}
