@@ -22,6 +22,14 @@ if ! "$venv/bin/python" -c "import gguf, numpy, openai, anthropic" 2>/dev/null; 
   "$venv/bin/pip" install -q --disable-pip-version-check gguf numpy openai anthropic
 fi
 
+# tmux drives `flatrun chat` in a real terminal (crates/flatrun-cli/tests/chat_tmux.rs).
+if ! command -v tmux >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  echo "setup: installing tmux" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get install -y -q tmux >&2 || true
+  elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q tmux >&2 || true
+  fi
+fi
+
 FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/fetch-models.py" all >/dev/null
 
 vocab=$cache/vocab

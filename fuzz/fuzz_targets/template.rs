@@ -16,7 +16,11 @@ fuzz_target!(|data: &[u8]| {
             ChatMessage::new(role, content)
         })
         .collect();
-    let limits = TemplateLimits { fuel: 50_000, recursion: 32, max_output_bytes: 1 << 16 };
+    let limits = TemplateLimits {
+        fuel: 50_000,
+        recursion: 32,
+        max_output_bytes: 1 << 16,
+    };
     if let Ok(template) = ChatTemplate::from_source("fuzz", source) {
         let template = template.with_limits(limits);
         if let Ok(out) = template.render(&messages, data.len() % 2 == 0, "<s>", "</s>") {

@@ -18,6 +18,9 @@ pub struct InspectArgs {
     /// Print JSON instead of text.
     #[arg(long)]
     pub json: bool,
+    /// Also list the tensors of decoder layer N (see `inspect_plan`).
+    #[arg(long, value_name = "N")]
+    pub layer: Option<usize>,
 }
 
 /// Everything `inspect` reports.
@@ -82,12 +85,21 @@ pub struct TensorRow {
 /// Run the command: print the report as text or JSON.
 pub fn run(args: &InspectArgs) -> Result<()> {
     let report = inspect(&args.path, args.tensors)?;
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+    // The memory plan (and `--layer N`) come from `inspect_plan`.
+    let plan = crate::inspect_plan::plan(&args.path, args.layer)?;
+    let text = if args.json {
+        let mut value = serde_json::to_value(&report)?;
+        crate::inspect_plan::attach(&mut value, plan.as_ref())?;
+        serde_json::to_string_pretty(&value)? + "\n"
     } else {
-        print!("{}", render_text(&report));
+        render_text(&report) + &plan.as_ref().map(crate::inspect_plan::render_text).unwrap_or_default()
+    };
+    // A closed pipe (`flatrun inspect … | head`) is not an error.
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// Build the report for `path`.

@@ -1,14 +1,33 @@
 //! The `flatrun` command.
+//!
+//! `flatrun --model M --prompt "..."` (the same as `flatrun run ...`)
+//! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize` and
+//! `serve` are the other commands. Every error is printed as one or two
+//! lines (cause, then a hint) with exit code 1; clap reports bad flags with
+//! exit code 2.
 
 use anyhow::Result;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
+
+mod bench;
+mod chat;
+mod flags;
+mod generation;
 mod inspect;
+mod inspect_plan;
+mod interrupt;
+mod loading;
 mod run;
+mod run_cmd;
+mod serve;
+mod tokenize;
 
 /// Flatrun: streaming LLM inference from GGUF, SafeTensors and MLX checkpoints.
+///
+/// Without a command, `flatrun --model M --prompt TEXT ...` is `flatrun run --model M --prompt TEXT ...`.
 #[derive(Debug, Parser)]
-#[command(name = "flatrun", version, about)]
+#[command(name = "flatrun", version, arg_required_else_help = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -16,19 +35,89 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Describe a checkpoint: format, architecture, hyperparameters, tokenizer, tensors.
+    /// Generate from a prompt and stream the text (the default command).
+    Run(run_cmd::RunCommand),
+    /// Talk with a model interactively (history, /reset, /stats, Ctrl-C stops an answer).
+    Chat(chat::ChatArgs),
+    /// Measure prefill and decode tokens/s (pp N / tg N) for each residency mode.
+    Bench(bench::BenchArgs),
+    /// Describe a checkpoint: format, architecture, tokenizer, tensors, memory plan.
     Inspect(inspect::InspectArgs),
-    /// Generate from a prompt (greedy by default); optionally dump logits and a profile.
-    Run(run::RunArgs),
+    /// Turn text into token ids with the model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Serve OpenAI- and Anthropic-compatible HTTP endpoints.
+    Serve(serve::ServeCommand),
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// The sampling flags given explicitly on the command line of `serve`.
+fn explicit_sampling(matches: &clap::ArgMatches) -> Vec<&'static str> {
+    let Some(("serve", sub)) = matches.subcommand() else {
+        return Vec::new();
+    };
+    ["temperature", "top_p", "top_k", "seed"]
+        .into_iter()
+        .filter(|id| sub.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .collect()
+}
+
+fn dispatch(cli: Cli, explicit: &[&str]) -> Result<()> {
     match cli.command {
+        Command::Run(args) => run_cmd::run(args),
+        Command::Chat(args) => chat::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Inspect(args) => inspect::run(&args),
-        Command::Run(args) => run::run(args),
+        Command::Tokenize(args) => tokenize::run(&args),
+        Command::Serve(args) => serve::run(args, explicit),
     }
 }
 
-fn main() -> Result<()> {
-    run(Cli::parse())
+/// The command line with `run` inserted when it starts with a flag other
+/// than help/version: `flatrun --model M ...` is `flatrun run --model M ...`.
+fn with_default_command(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    let starts_with_flag = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
+        a.starts_with('-') && !matches!(a, "-h" | "--help" | "-V" | "--version")
+    });
+    if starts_with_flag {
+        args.insert(1, "run".into());
+    }
+    args
+}
+
+fn main() -> std::process::ExitCode {
+    let matches = Cli::command().get_matches_from(with_default_command(std::env::args_os().collect()));
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    let explicit = explicit_sampling(&matches);
+    match dispatch(cli, &explicit) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // Closing the pipe we write to (`flatrun ... | head`) is not an error.
+            if e
+                .downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            {
+                return std::process::ExitCode::SUCCESS;
+            }
+            eprintln!("error: {}", one_or_two_lines(&e));
+            if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+                eprintln!("{}", e.backtrace());
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes, joined, without repeating text a cause already
+/// contains.
+fn one_or_two_lines(e: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+    }
+    parts.join(": ")
 }

@@ -1,7 +1,7 @@
 //! Reference quantizers, byte for byte equal to ggml's `quantize_row_*_ref`:
 //! the activation formats Q8_0, Q8_1 and Q8_K that the matmul kernels need,
 //! and the weight formats Q4_0, Q4_1, Q5_0, Q5_1, Q1_0, Q2_0, MXFP4, TQ1_0 and
-//! TQ2_0.
+//! TQ2_0 (and, in [`crate::quantize_k`], Q4_K, Q5_K and Q6_K).
 //!
 //! Rounding follows ggml exactly: `roundf` (half away from zero) for the
 //! 8-bit formats, truncation after adding 0.5 / 8.5 / 16.5 for the 4- and 5-bit

@@ -176,7 +176,11 @@ fn quantize_k4_scales(
         }
     }
     // 6-bit sub-block scales and mins.
-    let inv_scale = if max_scale > 0.0 { 63.0 / max_scale } else { 0.0 };
+    let inv_scale = if max_scale > 0.0 {
+        63.0 / max_scale
+    } else {
+        0.0
+    };
     let inv_min = if max_min > 0.0 { 63.0 / max_min } else { 0.0 };
     let mut packed = [0u8; K_SCALE_SIZE];
     for j in 0..QK_K / 32 {
@@ -219,7 +223,12 @@ impl BlockQuantizer for BlockQ4K {
                 *byte = l[64 * g + i] | (l[64 * g + i + 32] << 4);
             }
         }
-        BlockQ4K { d, dmin, scales, qs }
+        BlockQ4K {
+            d,
+            dmin,
+            scales,
+            qs,
+        }
     }
 }
 
@@ -245,7 +254,13 @@ impl BlockQuantizer for BlockQ5K {
                 *byte = l1 | (l2 << 4);
             }
         }
-        BlockQ5K { d, dmin, scales, qh, qs }
+        BlockQ5K {
+            d,
+            dmin,
+            scales,
+            qh,
+            qs,
+        }
     }
 }
 
@@ -257,7 +272,8 @@ impl BlockQuantizer for BlockQ6K {
         let (mut max_scale, mut max_abs_scale) = (0.0f32, 0.0f32);
         // A symmetric 6-bit fit per 16 weights.
         for ib in 0..QK_K / 16 {
-            let scale = make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
+            let scale =
+                make_qx_quants(32, &x[16 * ib..16 * ib + 16], &mut l[16 * ib..16 * ib + 16]);
             scales[ib] = scale;
             if scale.abs() > max_abs_scale {
                 max_abs_scale = scale.abs();
@@ -291,12 +307,18 @@ impl BlockQuantizer for BlockQ6K {
         }
         // Pack: per 128 weights, 64 bytes of low nibbles and 32 of high bit pairs.
         for n in 0..2 {
-            let (ql, qh) = (&mut block.ql[64 * n..64 * n + 64], &mut block.qh[32 * n..32 * n + 32]);
+            let (ql, qh) = (
+                &mut block.ql[64 * n..64 * n + 64],
+                &mut block.qh[32 * n..32 * n + 32],
+            );
             let lq = |k: usize| l[128 * n + k] as u8;
             for i in 0..32 {
                 ql[i] = (lq(i) & 0x0F) | ((lq(i + 64) & 0x0F) << 4);
                 ql[i + 32] = (lq(i + 32) & 0x0F) | ((lq(i + 96) & 0x0F) << 4);
-                qh[i] = (lq(i) >> 4) | ((lq(i + 32) >> 4) << 2) | ((lq(i + 64) >> 4) << 4) | ((lq(i + 96) >> 4) << 6);
+                qh[i] = (lq(i) >> 4)
+                    | ((lq(i + 32) >> 4) << 2)
+                    | ((lq(i + 64) >> 4) << 4)
+                    | ((lq(i + 96) >> 4) << 6);
             }
         }
         block

@@ -9,7 +9,10 @@ use flatrun_model::tokenizer::Tokenizer;
 fn one_megabyte() -> String {
     let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer/corpus");
     let mut seed = String::new();
-    let mut names: Vec<_> = std::fs::read_dir(&corpus).expect("corpus").filter_map(|e| e.ok().map(|e| e.path())).collect();
+    let mut names: Vec<_> = std::fs::read_dir(&corpus)
+        .expect("corpus")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
     names.sort();
     for path in names {
         seed.push_str(&std::fs::read_to_string(path).expect("read"));
@@ -23,12 +26,21 @@ fn one_megabyte() -> String {
 }
 
 fn bench(c: &mut Criterion) {
-    let models = std::env::var_os("FLATRUN_MODELS").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"));
+    let models = std::env::var_os("FLATRUN_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/models")
+        });
     let text = one_megabyte();
     let mut group = c.benchmark_group("tokenize_1MB");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(text.len() as u64));
-    for file in ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"] {
+    for file in [
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "gemma-3-270m-q4_k_m.gguf",
+        "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    ] {
         let path = models.join(file);
         if !path.exists() {
             eprintln!("skipping {file}: missing");
@@ -36,7 +48,9 @@ fn bench(c: &mut Criterion) {
         }
         let backend = flatrun_format::open(&path).expect("open");
         let tok = Tokenizer::from_gguf_metadata(backend.metadata()).expect("tokenizer");
-        group.bench_function(file, |b| b.iter(|| tok.encode(&text, true, true).expect("encode").len()));
+        group.bench_function(file, |b| {
+            b.iter(|| tok.encode(&text, true, true).expect("encode").len())
+        });
     }
     group.finish();
 }

@@ -35,7 +35,10 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> ChatMessage {
-        ChatMessage { role: role.into(), content: content.into() }
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+        }
     }
 }
 
@@ -77,7 +80,11 @@ pub struct TemplateLimits {
 
 impl Default for TemplateLimits {
     fn default() -> Self {
-        TemplateLimits { fuel: 2_000_000, recursion: 64, max_output_bytes: 4 << 20 }
+        TemplateLimits {
+            fuel: 2_000_000,
+            recursion: 64,
+            max_output_bytes: 4 << 20,
+        }
     }
 }
 
@@ -106,11 +113,20 @@ impl ChatTemplate {
             return ChatTemplate::from_source(CUSTOM_NAME, source);
         }
         let has_token = |text: &str| match find("tokenizer.ggml.tokens") {
-            Some(MetaValue::Array(tokens)) => tokens.iter().any(|t| matches!(t, MetaValue::String(s) if s == text)),
+            Some(MetaValue::Array(tokens)) => tokens
+                .iter()
+                .any(|t| matches!(t, MetaValue::String(s) if s == text)),
             _ => false,
         };
-        let arch = if arch.starts_with("llama") && has_token("<|start_header_id|>") { "llama3" } else { arch };
-        Ok(ChatTemplate::builtin_for_arch(arch, has_token("<|im_start|>")))
+        let arch = if arch.starts_with("llama") && has_token("<|start_header_id|>") {
+            "llama3"
+        } else {
+            arch
+        };
+        Ok(ChatTemplate::builtin_for_arch(
+            arch,
+            has_token("<|im_start|>"),
+        ))
     }
 
     /// `chat_template.jinja`, or `chat_template` in `tokenizer_config.json`,
@@ -120,35 +136,71 @@ impl ChatTemplate {
         match std::fs::read_to_string(&jinja) {
             Ok(source) => return ChatTemplate::from_source(CUSTOM_NAME, &source),
             Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => return Err(TemplateError::Io { path: jinja, source }),
+            Err(source) => {
+                return Err(TemplateError::Io {
+                    path: jinja,
+                    source,
+                })
+            }
         }
         let config_path = dir.join("tokenizer_config.json");
         let config: serde_json::Value = match std::fs::read(&config_path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TemplateError::BadConfig { path: config_path.clone(), what: e.to_string() })?,
+            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| TemplateError::BadConfig {
+                path: config_path.clone(),
+                what: e.to_string(),
+            })?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => serde_json::Value::Null,
-            Err(source) => return Err(TemplateError::Io { path: config_path, source }),
+            Err(source) => {
+                return Err(TemplateError::Io {
+                    path: config_path,
+                    source,
+                })
+            }
         };
         match config.get("chat_template") {
-            Some(serde_json::Value::String(source)) => return ChatTemplate::from_source(CUSTOM_NAME, source),
+            Some(serde_json::Value::String(source)) => {
+                return ChatTemplate::from_source(CUSTOM_NAME, source)
+            }
             // A list of named templates: use the one called "default".
             Some(serde_json::Value::Array(list)) => {
-                let default = list.iter().find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default")).or(list.first());
-                if let Some(source) = default.and_then(|t| t.get("template")).and_then(|t| t.as_str()) {
+                let default = list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .or(list.first());
+                if let Some(source) = default
+                    .and_then(|t| t.get("template"))
+                    .and_then(|t| t.as_str())
+                {
                     return ChatTemplate::from_source(CUSTOM_NAME, source);
                 }
             }
             _ => {}
         }
         let vocab_text = std::fs::read_to_string(dir.join("tokenizer.json")).unwrap_or_default();
-        let arch = if arch.starts_with("llama") && vocab_text.contains("<|start_header_id|>") { "llama3" } else { arch };
-        Ok(ChatTemplate::builtin_for_arch(arch, vocab_text.contains("<|im_start|>")))
+        let arch = if arch.starts_with("llama") && vocab_text.contains("<|start_header_id|>") {
+            "llama3"
+        } else {
+            arch
+        };
+        Ok(ChatTemplate::builtin_for_arch(
+            arch,
+            vocab_text.contains("<|im_start|>"),
+        ))
     }
 
     /// A template from Jinja source; checks that it compiles.
     pub fn from_source(name: &str, source: &str) -> Result<ChatTemplate, TemplateError> {
-        let template = ChatTemplate { name: name.to_string(), source: source.to_string(), limits: TemplateLimits::default() };
+        let template = ChatTemplate {
+            name: name.to_string(),
+            source: source.to_string(),
+            limits: TemplateLimits::default(),
+        };
         let env = template.environment();
-        env.template_from_str(&template.source).map_err(|e| TemplateError::Syntax { name: template.name.clone(), what: describe(&e) })?;
+        env.template_from_str(&template.source)
+            .map_err(|e| TemplateError::Syntax {
+                name: template.name.clone(),
+                what: describe(&e),
+            })?;
         Ok(template)
     }
 
@@ -165,7 +217,11 @@ impl ChatTemplate {
         } else {
             ("ChatML", CHATML)
         };
-        ChatTemplate { name: name.to_string(), source: source.to_string(), limits: TemplateLimits::default() }
+        ChatTemplate {
+            name: name.to_string(),
+            source: source.to_string(),
+            limits: TemplateLimits::default(),
+        }
     }
 
     /// `"ChatML"`, `"Gemma"`, `"Llama 3"`, `"Llama 2"` or `"custom (from file)"`.
@@ -185,8 +241,20 @@ impl ChatTemplate {
     }
 
     /// Render a conversation into a prompt.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool, bos_token: &str, eos_token: &str) -> Result<String, TemplateError> {
-        self.render_with(messages, add_generation_prompt, bos_token, eos_token, Value::UNDEFINED)
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TemplateError> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+            Value::UNDEFINED,
+        )
     }
 
     /// Render with extra template variables (e.g. `tools`), given as a map value.
@@ -199,18 +267,34 @@ impl ChatTemplate {
         extra: Value,
     ) -> Result<String, TemplateError> {
         let env = self.environment();
-        let template = env.template_from_str(&self.source).map_err(|e| TemplateError::Syntax { name: self.name.clone(), what: describe(&e) })?;
+        let template = env
+            .template_from_str(&self.source)
+            .map_err(|e| TemplateError::Syntax {
+                name: self.name.clone(),
+                what: describe(&e),
+            })?;
         let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
         };
-        let ctx = if extra.is_undefined() { base } else { minijinja::context! { ..base, ..extra } };
-        let mut out = LimitedWriter { buf: Vec::new(), limit: self.limits.max_output_bytes, exceeded: false };
+        let ctx = if extra.is_undefined() {
+            base
+        } else {
+            minijinja::context! { ..base, ..extra }
+        };
+        let mut out = LimitedWriter {
+            buf: Vec::new(),
+            limit: self.limits.max_output_bytes,
+            exceeded: false,
+        };
         let result = template.render_captured_to(ctx, &mut out).map(|_| ());
         match result {
-            Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render { name: self.name.clone(), what: e.to_string() }),
+            Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render {
+                name: self.name.clone(),
+                what: e.to_string(),
+            }),
             Err(e) => Err(self.classify(&e, out.exceeded)),
         }
     }
@@ -234,27 +318,45 @@ impl ChatTemplate {
     fn classify(&self, e: &minijinja::Error, output_exceeded: bool) -> TemplateError {
         let name = self.name.clone();
         if output_exceeded {
-            return TemplateError::Limit { name, what: format!("output exceeds {} bytes", self.limits.max_output_bytes) };
+            return TemplateError::Limit {
+                name,
+                what: format!("output exceeds {} bytes", self.limits.max_output_bytes),
+            };
         }
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = cause {
             if let Some(m) = err.downcast_ref::<minijinja::Error>() {
                 if m.kind() == ErrorKind::OutOfFuel {
-                    return TemplateError::Limit { name, what: format!("ran out of fuel ({} instructions)", self.limits.fuel) };
+                    return TemplateError::Limit {
+                        name,
+                        what: format!("ran out of fuel ({} instructions)", self.limits.fuel),
+                    };
                 }
                 if let Some(message) = m.detail().and_then(|d| d.strip_prefix(RAISED)) {
-                    return TemplateError::Raised { name, message: message.to_string() };
+                    return TemplateError::Raised {
+                        name,
+                        message: message.to_string(),
+                    };
                 }
                 if m.detail().is_some_and(|d| d.contains("recursion limit")) {
-                    return TemplateError::Limit { name, what: format!("recursion deeper than {}", self.limits.recursion) };
+                    return TemplateError::Limit {
+                        name,
+                        what: format!("recursion deeper than {}", self.limits.recursion),
+                    };
                 }
                 if m.detail().is_some_and(|d| d.contains("too large")) {
-                    return TemplateError::Limit { name, what: describe(m) };
+                    return TemplateError::Limit {
+                        name,
+                        what: describe(m),
+                    };
                 }
             }
             cause = err.source();
         }
-        TemplateError::Render { name, what: describe(e) }
+        TemplateError::Render {
+            name,
+            what: describe(e),
+        }
     }
 }
 
@@ -262,7 +364,10 @@ impl ChatTemplate {
 const RAISED: &str = "raise_exception: ";
 
 fn raise_exception(message: String) -> Result<Value, minijinja::Error> {
-    Err(minijinja::Error::new(ErrorKind::InvalidOperation, format!("{RAISED}{message}")))
+    Err(minijinja::Error::new(
+        ErrorKind::InvalidOperation,
+        format!("{RAISED}{message}"),
+    ))
 }
 
 /// Error text with the template line where minijinja knows it.
@@ -296,14 +401,38 @@ impl io::Write for LimitedWriter {
 
 /// `strftime_now(format)`: the current UTC time, for templates that date their system prompt.
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     strftime(&format, secs)
 }
 
 /// A small `strftime` over a Unix time (UTC): `%Y %m %d %e %B %b %A %a %H %M %S %y %j %%`.
 pub(crate) fn strftime(format: &str, unix_secs: i64) -> String {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
-    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    const DAYS: [&str; 7] = [
+        "Thursday",
+        "Friday",
+        "Saturday",
+        "Sunday",
+        "Monday",
+        "Tuesday",
+        "Wednesday",
+    ];
     let days = unix_secs.div_euclid(86_400);
     let secs_of_day = unix_secs.rem_euclid(86_400);
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
@@ -363,7 +492,12 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, minij
 }
 
 /// JSON with Python's separators, or one item per line when indented.
-fn write_python_json(v: &Value, indent: Option<usize>, level: usize, out: &mut String) -> Result<(), minijinja::Error> {
+fn write_python_json(
+    v: &Value,
+    indent: Option<usize>,
+    level: usize,
+    out: &mut String,
+) -> Result<(), minijinja::Error> {
     use minijinja::value::ValueKind;
     let newline = |out: &mut String, level: usize| {
         if let Some(n) = indent {
@@ -372,7 +506,8 @@ fn write_python_json(v: &Value, indent: Option<usize>, level: usize, out: &mut S
         }
     };
     let item_sep = if indent.is_some() { "," } else { ", " };
-    let bad = |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
+    let bad =
+        |e: serde_json::Error| minijinja::Error::new(ErrorKind::BadSerialization, e.to_string());
     match v.kind() {
         ValueKind::Seq | ValueKind::Iterable => {
             let items: Vec<Value> = v.try_iter()?.collect();
@@ -397,7 +532,10 @@ fn write_python_json(v: &Value, indent: Option<usize>, level: usize, out: &mut S
                     out.push_str(item_sep);
                 }
                 newline(out, level + 1);
-                let key_text = key.as_str().map(str::to_string).unwrap_or_else(|| key.to_string());
+                let key_text = key
+                    .as_str()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| key.to_string());
                 out.push_str(&serde_json::to_string(&key_text).map_err(bad)?);
                 out.push_str(": ");
                 write_python_json(&v.get_item(key)?, indent, level + 1, out)?;
@@ -420,7 +558,10 @@ mod tests {
     #[test]
     fn strftime_known_dates() {
         assert_eq!(strftime("%d %b %Y", 0), "01 Jan 1970");
-        assert_eq!(strftime("%Y-%m-%d %H:%M:%S %A %j", 1_709_251_199), "2024-02-29 23:59:59 Thursday 060");
+        assert_eq!(
+            strftime("%Y-%m-%d %H:%M:%S %A %j", 1_709_251_199),
+            "2024-02-29 23:59:59 Thursday 060"
+        );
     }
 
     #[test]
@@ -431,7 +572,13 @@ mod tests {
         write_python_json(&v, None, 0, &mut s).unwrap();
         assert_eq!(s, r#"{"b": [1, "é"], "a": {}}"#);
         let mut s = String::new();
-        write_python_json(&Value::from_serialize(serde_json::json!({"a": [1]})), Some(2), 0, &mut s).unwrap();
+        write_python_json(
+            &Value::from_serialize(serde_json::json!({"a": [1]})),
+            Some(2),
+            0,
+            &mut s,
+        )
+        .unwrap();
         assert_eq!(s, "{\n  \"a\": [\n    1\n  ]\n}");
     }
 }

@@ -82,10 +82,19 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(params: SamplingParams) -> Sampler {
         let seed = params.seed.unwrap_or_else(|| {
-            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(0);
             now ^ (std::process::id() as u64).rotate_left(32)
         });
-        Sampler { params, rng: Xoshiro256::seed_from_u64(seed), candidates: Vec::new(), weights: Vec::new(), counts: HashMap::new() }
+        Sampler {
+            params,
+            rng: Xoshiro256::seed_from_u64(seed),
+            candidates: Vec::new(),
+            weights: Vec::new(),
+            counts: HashMap::new(),
+        }
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -109,7 +118,11 @@ impl Sampler {
         //    relative probability under 1e-12 (at temperature ≥ 1), under
         //    min-p, or below the k-th best logit.
         let t = self.params.temperature;
-        let max_logit = logits.iter().copied().filter(|l| !l.is_nan()).fold(f32::NEG_INFINITY, f32::max);
+        let max_logit = logits
+            .iter()
+            .copied()
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
         if max_logit == f32::NEG_INFINITY {
             return argmax(logits);
         }
@@ -123,9 +136,16 @@ impl Sampler {
         }
         // 4. Candidates above the floor; then exactly the top-k of them.
         self.candidates.clear();
-        self.candidates.extend(logits.iter().enumerate().filter(|(_, &l)| l >= floor).map(|(i, &l)| (i as u32, l)));
+        self.candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, &l)| l >= floor)
+                .map(|(i, &l)| (i as u32, l)),
+        );
         if k > 0 && k < self.candidates.len() {
-            self.candidates.select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+            self.candidates
+                .select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             self.candidates.truncate(k);
         }
         // 5. Top-p: the most likely tokens until their mass reaches top_p,
@@ -142,7 +162,12 @@ impl Sampler {
             self.weights.push(w);
         }
         if !(total > 0.0) || !total.is_finite() {
-            return self.candidates.iter().max_by(|a, b| a.1.total_cmp(&b.1)).map(|c| c.0).unwrap_or_else(|| argmax(logits));
+            return self
+                .candidates
+                .iter()
+                .max_by(|a, b| a.1.total_cmp(&b.1))
+                .map(|c| c.0)
+                .unwrap_or_else(|| argmax(logits));
         }
         let mut target = self.rng.next_f64() * total;
         for (c, &w) in self.candidates.iter().zip(&self.weights) {
@@ -151,13 +176,17 @@ impl Sampler {
             }
             target -= w as f64;
         }
-        self.candidates.last().map(|c| c.0).unwrap_or_else(|| argmax(logits))
+        self.candidates
+            .last()
+            .map(|c| c.0)
+            .unwrap_or_else(|| argmax(logits))
     }
 
     /// Repetition, presence and frequency penalties, llama.cpp style.
     fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
         let p = &self.params;
-        let active = p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        let active =
+            p.repeat_penalty != 1.0 || p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
         if !active || p.penalty_window == 0 || history.is_empty() {
             return;
         }
@@ -167,7 +196,9 @@ impl Sampler {
             *self.counts.entry(id).or_insert(0) += 1;
         }
         for (&id, &count) in &self.counts {
-            let Some(logit) = logits.get_mut(id as usize) else { continue };
+            let Some(logit) = logits.get_mut(id as usize) else {
+                continue;
+            };
             if p.repeat_penalty != 1.0 && p.repeat_penalty > 0.0 {
                 if *logit > 0.0 {
                     *logit /= p.repeat_penalty;
@@ -207,26 +238,25 @@ fn kth_largest(logits: &[f32], k: usize) -> f32 {
             heap.push(Reverse(Ordered(l)));
         }
     }
-    heap.peek().map(|Reverse(o)| o.0).unwrap_or(f32::NEG_INFINITY)
+    heap.peek()
+        .map(|Reverse(o)| o.0)
+        .unwrap_or(f32::NEG_INFINITY)
 }
 
 /// Index of the largest logit (the first one on ties; NaN never wins).
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best as u32
+    // Two simple passes vectorize better than one pass that tracks the index.
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 /// Keep the most likely candidates whose softmax mass reaches `top_p`,
 /// sorting only a prefix that doubles until it holds enough mass.
 fn keep_top_p(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_logit: f32) {
-    let total: f64 = candidates.iter().map(|c| ((c.1 - max_logit) as f64).exp()).sum();
+    let total: f64 = candidates
+        .iter()
+        .map(|c| (c.1 - max_logit).exp() as f64)
+        .sum();
     if !(total > 0.0) {
         return;
     }
@@ -239,7 +269,7 @@ fn keep_top_p(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_logit: f32) {
         candidates[..prefix].sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         let mut mass = 0.0;
         for i in 0..prefix {
-            mass += ((candidates[i].1 - max_logit) as f64).exp();
+            mass += (candidates[i].1 - max_logit).exp() as f64;
             if mass >= need {
                 candidates.truncate(i + 1);
                 return;
@@ -258,7 +288,9 @@ mod tests {
 
     #[test]
     fn top_p_keeps_the_smallest_sufficient_set() {
-        let mut c: Vec<(u32, f32)> = (0..1000).map(|i| (i, if i == 7 { 10.0 } else { 0.0 })).collect();
+        let mut c: Vec<(u32, f32)> = (0..1000)
+            .map(|i| (i, if i == 7 { 10.0 } else { 0.0 }))
+            .collect();
         keep_top_p(&mut c, 0.5, 10.0);
         assert_eq!(c, vec![(7, 10.0)]);
     }

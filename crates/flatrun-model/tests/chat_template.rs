@@ -24,12 +24,28 @@ struct Fixture {
 }
 
 fn check_fixture(file: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer").join(file);
-    let fixture: Fixture = serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("parse");
-    let template = ChatTemplate::from_source("custom (from file)", &fixture.template).expect("compile");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/tokenizer")
+        .join(file);
+    let fixture: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).expect("parse");
+    let template =
+        ChatTemplate::from_source("custom (from file)", &fixture.template).expect("compile");
     for case in &fixture.cases {
-        let got = template.render(&case.messages, case.add_generation_prompt, &case.bos_token, &case.eos_token).expect("render");
-        assert_eq!(got, case.rendered, "{file}: {} messages", case.messages.len());
+        let got = template
+            .render(
+                &case.messages,
+                case.add_generation_prompt,
+                &case.bos_token,
+                &case.eos_token,
+            )
+            .expect("render");
+        assert_eq!(
+            got,
+            case.rendered,
+            "{file}: {} messages",
+            case.messages.len()
+        );
     }
 }
 
@@ -45,36 +61,65 @@ fn qwen25_template_matches_jinja2() {
 
 #[test]
 fn real_gguf_templates_load_from_metadata() {
-    let models = std::env::var_os("FLATRUN_MODELS").map(std::path::PathBuf::from).unwrap_or_else(|| std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"));
+    let models = std::env::var_os("FLATRUN_MODELS")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/models")
+        });
     for (file, arch, name) in [
-        ("SmolLM2-135M-Instruct.Q4_1.gguf", "llama", "custom (from file)"),
-        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "qwen2", "custom (from file)"),
+        (
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            "llama",
+            "custom (from file)",
+        ),
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            "qwen2",
+            "custom (from file)",
+        ),
         ("gemma-3-270m-q4_k_m.gguf", "gemma3", "Gemma"),
     ] {
         let path = models.join(file);
         if !path.exists() {
-            assert_ne!(std::env::var("FLATRUN_REQUIRE_MODELS").as_deref(), Ok("1"), "{} missing", path.display());
+            assert_ne!(
+                std::env::var("FLATRUN_REQUIRE_MODELS").as_deref(),
+                Ok("1"),
+                "{} missing",
+                path.display()
+            );
             eprintln!("skipping {file}: missing");
             continue;
         }
         let backend = flatrun_format::open(&path).expect("open");
-        let template = ChatTemplate::from_gguf_metadata(backend.metadata(), arch).expect("template");
+        let template =
+            ChatTemplate::from_gguf_metadata(backend.metadata(), arch).expect("template");
         assert_eq!(template.name(), name, "{file}");
-        let prompt = template.render(&[ChatMessage::new("user", "Hi")], true, "<bos>", "<eos>").expect("render");
+        let prompt = template
+            .render(&[ChatMessage::new("user", "Hi")], true, "<bos>", "<eos>")
+            .expect("render");
         assert!(prompt.contains("Hi"), "{file}: {prompt:?}");
     }
 }
 
 #[test]
 fn fallbacks_by_architecture() {
-    let conv = [ChatMessage::new("system", "Be brief."), ChatMessage::new("user", "Hi"), ChatMessage::new("assistant", "Hello!"), ChatMessage::new("user", "Bye")];
+    let conv = [
+        ChatMessage::new("system", "Be brief."),
+        ChatMessage::new("user", "Hi"),
+        ChatMessage::new("assistant", "Hello!"),
+        ChatMessage::new("user", "Bye"),
+    ];
     let chatml = ChatTemplate::builtin_for_arch("qwen3", false);
     assert_eq!(chatml.name(), "ChatML");
     assert_eq!(
         chatml.render(&conv[1..2], true, "", "").unwrap(),
         "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
     );
-    assert_eq!(ChatTemplate::builtin_for_arch("llama", true).name(), "ChatML");
+    assert_eq!(
+        ChatTemplate::builtin_for_arch("llama", true).name(),
+        "ChatML"
+    );
     let gemma = ChatTemplate::builtin_for_arch("gemma3", false);
     assert_eq!(gemma.name(), "Gemma");
     assert_eq!(
@@ -102,11 +147,27 @@ fn hugging_face_helpers() {
         "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{% if m.content.startswith('x') %}{{ m.content.strip().upper() }}{% endif %}{% endfor %}{{ ns.n }}|{{ messages[0] | tojson }}|{{ strftime_now('%Y')|length }}",
     )
     .unwrap();
-    let out = t.render(&[ChatMessage::new("user", "x é ")], false, "", "").unwrap();
+    let out = t
+        .render(&[ChatMessage::new("user", "x é ")], false, "", "")
+        .unwrap();
     assert_eq!(out, r#"X É1|{"role": "user", "content": "x é "}|4"#);
-    let raising = ChatTemplate::from_source("t", "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}ok").unwrap();
-    let err = raising.render(&[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")], false, "", "").unwrap_err();
-    assert!(matches!(&err, TemplateError::Raised { message, .. } if message == "only one message"), "{err}");
+    let raising = ChatTemplate::from_source(
+        "t",
+        "{% if messages|length > 1 %}{{ raise_exception('only one message') }}{% endif %}ok",
+    )
+    .unwrap();
+    let err = raising
+        .render(
+            &[ChatMessage::new("user", "a"), ChatMessage::new("user", "b")],
+            false,
+            "",
+            "",
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&err, TemplateError::Raised { message, .. } if message == "only one message"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -122,25 +183,49 @@ fn hostile_infinite_loop_runs_out_of_fuel() {
 
 #[test]
 fn hostile_deep_recursion_is_stopped() {
-    let t = ChatTemplate::from_source("evil", "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}").unwrap();
+    let t = ChatTemplate::from_source(
+        "evil",
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    )
+    .unwrap();
     let err = t.render(&[], false, "", "").unwrap_err();
     assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
-    let t = ChatTemplate::from_source("evil", "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}").unwrap();
-    let err = t.render(&[ChatMessage::new("user", "x")], false, "", "").unwrap_err();
+    let t = ChatTemplate::from_source(
+        "evil",
+        "{% for m in messages recursive %}{{ loop(messages) }}{% endfor %}",
+    )
+    .unwrap();
+    let err = t
+        .render(&[ChatMessage::new("user", "x")], false, "", "")
+        .unwrap_err();
     assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
 }
 
 #[test]
 fn hostile_huge_output_is_stopped() {
-    let limits = TemplateLimits { max_output_bytes: 1 << 20, ..TemplateLimits::default() };
-    let t = ChatTemplate::from_source("evil", "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}").unwrap().with_limits(limits);
+    let limits = TemplateLimits {
+        max_output_bytes: 1 << 20,
+        ..TemplateLimits::default()
+    };
+    let t = ChatTemplate::from_source(
+        "evil",
+        "{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}",
+    )
+    .unwrap()
+    .with_limits(limits);
     let err = t.render(&[], false, "", "").unwrap_err();
     assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
     assert!(err.to_string().contains("output exceeds"), "{err}");
     // One gigantic string in a single operation.
     let t = ChatTemplate::from_source("evil", "{{ 'x' * 100000000000 }}").unwrap();
     let err = t.render(&[], false, "", "").unwrap_err();
-    assert!(matches!(err, TemplateError::Limit { .. } | TemplateError::Render { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            TemplateError::Limit { .. } | TemplateError::Render { .. }
+        ),
+        "{err}"
+    );
 }
 
 #[test]

@@ -4,7 +4,9 @@ use flatrun_model::sampling::{argmax, Sampler, SamplingParams, StopMatcher};
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = flatrun_model::sampling::Xoshiro256::seed_from_u64(seed);
-    (0..n).map(|_| (rng.next_f64() * 10.0 - 5.0) as f32).collect()
+    (0..n)
+        .map(|_| (rng.next_f64() * 10.0 - 5.0) as f32)
+        .collect()
 }
 
 #[test]
@@ -16,14 +18,26 @@ fn greedy_is_argmax() {
 
 #[test]
 fn same_seed_same_tokens_different_seed_different_tokens() {
-    let params = SamplingParams { temperature: 1.0, seed: Some(42), ..Default::default() };
+    let params = SamplingParams {
+        temperature: 1.0,
+        seed: Some(42),
+        ..Default::default()
+    };
     let l = logits(1000, 2);
     let run = |params: SamplingParams| {
         let mut s = Sampler::new(params);
-        (0..50).map(|_| s.sample(&mut l.clone(), &[])).collect::<Vec<_>>()
+        (0..50)
+            .map(|_| s.sample(&mut l.clone(), &[]))
+            .collect::<Vec<_>>()
     };
     assert_eq!(run(params.clone()), run(params.clone()));
-    assert_ne!(run(params.clone()), run(SamplingParams { seed: Some(43), ..params }));
+    assert_ne!(
+        run(params.clone()),
+        run(SamplingParams {
+            seed: Some(43),
+            ..params
+        })
+    );
 }
 
 #[test]
@@ -32,14 +46,32 @@ fn top_k_top_p_min_p_restrict_the_candidates() {
     let mut order: Vec<u32> = (0..5000).collect();
     order.sort_by(|&a, &b| l[b as usize].total_cmp(&l[a as usize]));
     let top3 = &order[..3];
-    let mut s = Sampler::new(SamplingParams { temperature: 5.0, top_k: 3, seed: Some(1), ..Default::default() });
+    let mut s = Sampler::new(SamplingParams {
+        temperature: 5.0,
+        top_k: 3,
+        seed: Some(1),
+        ..Default::default()
+    });
     for _ in 0..200 {
         assert!(top3.contains(&s.sample(&mut l.clone(), &[])));
     }
     // One dominant token: top-p 0.5 and min-p 0.5 keep only it.
     let mut peaked = l.clone();
     peaked[17] = 100.0;
-    for params in [SamplingParams { temperature: 1.0, top_p: 0.5, seed: Some(1), ..Default::default() }, SamplingParams { temperature: 1.0, min_p: 0.5, seed: Some(1), ..Default::default() }] {
+    for params in [
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 0.5,
+            seed: Some(1),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            min_p: 0.5,
+            seed: Some(1),
+            ..Default::default()
+        },
+    ] {
         let mut s = Sampler::new(params);
         for _ in 0..50 {
             assert_eq!(s.sample(&mut peaked.clone(), &[]), 17);
@@ -50,7 +82,11 @@ fn top_k_top_p_min_p_restrict_the_candidates() {
 #[test]
 fn penalties_only_touch_the_window() {
     let mut l = vec![2.0f32, 1.9, -1.0, 0.0];
-    let params = SamplingParams { repeat_penalty: 2.0, penalty_window: 2, ..Default::default() };
+    let params = SamplingParams {
+        repeat_penalty: 2.0,
+        penalty_window: 2,
+        ..Default::default()
+    };
     let mut s = Sampler::new(params);
     // Token 0 is in the window: 2.0 / 2 = 1.0 < 1.9, so greedy picks 1.
     assert_eq!(s.sample(&mut l, &[3, 0]), 1);
@@ -60,7 +96,11 @@ fn penalties_only_touch_the_window() {
     assert_eq!(s.sample(&mut l, &[0, 3, 2]), 0);
     assert_eq!(l[2], -2.0);
     let mut l = vec![1.0f32, 0.0];
-    let mut s = Sampler::new(SamplingParams { presence_penalty: 0.5, frequency_penalty: 0.25, ..Default::default() });
+    let mut s = Sampler::new(SamplingParams {
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        ..Default::default()
+    });
     s.sample(&mut l, &[0, 0, 0]);
     assert_eq!(l[0], 1.0 - 0.5 - 0.75);
 }

@@ -8,14 +8,20 @@ use std::path::{Path, PathBuf};
 
 use flatrun_model::tokenizer::{StreamDecoder, Tokenizer};
 
-const REAL_MODELS: &[&str] = &["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"];
+const REAL_MODELS: &[&str] = &[
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma-3-270m-q4_k_m.gguf",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer")
 }
 
 fn cache_dir(var: &str, default: &str) -> PathBuf {
-    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(default))
+    std::env::var_os(var).map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(default)
+    })
 }
 
 /// The GGUF file for a fixture model name, or `None` (with a skip message) when absent.
@@ -29,15 +35,23 @@ fn model_path(name: &str) -> Option<PathBuf> {
         return Some(path);
     }
     if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("{} is missing (run scripts/setup-test-env.sh)", path.display());
+        panic!(
+            "{} is missing (run scripts/setup-test-env.sh)",
+            path.display()
+        );
     }
-    eprintln!("skipping {name}: {} is missing (run scripts/setup-test-env.sh)", path.display());
+    eprintln!(
+        "skipping {name}: {} is missing (run scripts/setup-test-env.sh)",
+        path.display()
+    );
     None
 }
 
 fn load(path: &Path) -> Tokenizer {
-    let backend = flatrun_format::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    Tokenizer::from_gguf_metadata(backend.metadata()).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let backend =
+        flatrun_format::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    Tokenizer::from_gguf_metadata(backend.metadata())
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn corpus() -> BTreeMap<String, String> {
@@ -45,8 +59,15 @@ fn corpus() -> BTreeMap<String, String> {
     for entry in std::fs::read_dir(fixtures().join("corpus")).expect("corpus dir") {
         let path = entry.expect("entry").path();
         if path.extension().is_some_and(|e| e == "txt") {
-            let stem = path.file_stem().and_then(|s| s.to_str()).expect("name").to_string();
-            texts.insert(stem, std::fs::read_to_string(&path).expect("read corpus text"));
+            let stem = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .expect("name")
+                .to_string();
+            texts.insert(
+                stem,
+                std::fs::read_to_string(&path).expect("read corpus text"),
+            );
         }
     }
     texts
@@ -56,12 +77,17 @@ type Expected = BTreeMap<String, BTreeMap<String, BTreeMap<String, Vec<u32>>>>;
 
 #[test]
 fn stress_corpus_matches_llama_cpp() {
-    let expected: Expected = serde_json::from_str(&std::fs::read_to_string(fixtures().join("oracle_ids.json")).expect("oracle_ids.json")).expect("parse");
+    let expected: Expected = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("oracle_ids.json")).expect("oracle_ids.json"),
+    )
+    .expect("parse");
     let texts = corpus();
     let mut failures = Vec::new();
     let mut checked = 0;
     for (model, by_text) in &expected {
-        let Some(path) = model_path(model) else { continue };
+        let Some(path) = model_path(model) else {
+            continue;
+        };
         let tok = load(&path);
         for (name, modes) in by_text {
             let text = &texts[name];
@@ -69,27 +95,41 @@ fn stress_corpus_matches_llama_cpp() {
                 let got = tok.encode(text, true, mode == "special").expect("encode");
                 checked += 1;
                 if &got != ids {
-                    let first_diff = got.iter().zip(ids).position(|(a, b)| a != b).unwrap_or(got.len().min(ids.len()));
+                    let first_diff = got
+                        .iter()
+                        .zip(ids)
+                        .position(|(a, b)| a != b)
+                        .unwrap_or(got.len().min(ids.len()));
                     failures.push(format!("{model} {name} {mode}: first difference at {first_diff}: got {:?} expected {:?}", &got[first_diff..(first_diff + 5).min(got.len())], &ids[first_diff..(first_diff + 5).min(ids.len())]));
                 }
             }
         }
     }
     eprintln!("{checked} encodings checked against llama.cpp");
-    assert!(failures.is_empty(), "{} mismatches:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} mismatches:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn real_models_round_trip_and_stream() {
     let texts = corpus();
     for model in REAL_MODELS {
-        let Some(path) = model_path(model) else { continue };
+        let Some(path) = model_path(model) else {
+            continue;
+        };
         let tok = load(&path);
         for (name, text) in &texts {
             for parse_special in [false, true] {
                 let ids = tok.encode(text, false, parse_special).expect("encode");
                 let back = tok.decode(&ids, false).expect("decode");
-                assert_eq!(&back, text, "{model} {name}: decode(encode(text)) differs (parse_special={parse_special})");
+                assert_eq!(
+                    &back, text,
+                    "{model} {name}: decode(encode(text)) differs (parse_special={parse_special})"
+                );
             }
             // Streaming yields the same text, never a broken UTF-8 sequence.
             let ids = tok.encode(text, false, false).expect("encode");
@@ -97,7 +137,10 @@ fn real_models_round_trip_and_stream() {
             let mut streamed = String::new();
             for &id in &ids {
                 if let Some(piece) = stream.push(id) {
-                    assert!(!piece.contains('\u{fffd}'), "{model} {name}: stream emitted a replacement character");
+                    assert!(
+                        !piece.contains('\u{fffd}'),
+                        "{model} {name}: stream emitted a replacement character"
+                    );
                     streamed.push_str(&piece);
                 }
             }
@@ -115,11 +158,17 @@ fn real_models_metadata() {
         assert_eq!(tok.vocab_size(), 151936);
         let im_end = tok.token_id("<|im_end|>").expect("<|im_end|>");
         let eot = tok.token_id("<|endoftext|>").expect("<|endoftext|>");
-        assert!(tok.stop_ids().contains(&im_end) && tok.stop_ids().contains(&eot), "{:?}", tok.stop_ids());
+        assert!(
+            tok.stop_ids().contains(&im_end) && tok.stop_ids().contains(&eot),
+            "{:?}",
+            tok.stop_ids()
+        );
         assert!(tok.is_special(im_end));
         assert!(!tok.adds_bos());
         // A chat prompt keeps its control tokens whole; without parsing they are text.
-        let ids = tok.encode("<|im_start|>user\nhi<|im_end|>", false, true).expect("encode");
+        let ids = tok
+            .encode("<|im_start|>user\nhi<|im_end|>", false, true)
+            .expect("encode");
         assert_eq!(ids.first(), tok.token_id("<|im_start|>").as_ref());
         assert_eq!(ids.last(), Some(&im_end));
         let plain = tok.encode("<|im_start|>", false, false).expect("encode");
@@ -142,6 +191,8 @@ fn real_models_metadata() {
         let tok = load(&path);
         assert_eq!(tok.kind(), "gpt2 BPE (smollm)");
         assert_eq!(tok.vocab_size(), 49152);
-        assert!(tok.stop_ids().contains(&tok.token_id("<|im_end|>").expect("<|im_end|>")));
+        assert!(tok
+            .stop_ids()
+            .contains(&tok.token_id("<|im_end|>").expect("<|im_end|>")));
     }
 }

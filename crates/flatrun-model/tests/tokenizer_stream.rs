@@ -7,7 +7,11 @@ use std::path::PathBuf;
 use flatrun_model::tokenizer::{StreamDecoder, Tokenizer};
 
 fn vocab(name: &str) -> Option<Tokenizer> {
-    let dir = std::env::var_os("FLATRUN_VOCAB").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/vocab"));
+    let dir = std::env::var_os("FLATRUN_VOCAB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/vocab")
+        });
     let path = dir.join(format!("ggml-vocab-{name}.gguf"));
     if !path.exists() {
         if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
@@ -32,7 +36,10 @@ fn stream_never_emits_broken_utf8() {
         for &id in &ids {
             match stream.push(id) {
                 Some(piece) => {
-                    assert!(!piece.contains('\u{fffd}'), "{name}: broken sequence emitted");
+                    assert!(
+                        !piece.contains('\u{fffd}'),
+                        "{name}: broken sequence emitted"
+                    );
                     out.push_str(&piece);
                 }
                 None => held_back += 1,
@@ -40,13 +47,18 @@ fn stream_never_emits_broken_utf8() {
         }
         out.push_str(&stream.finish());
         assert_eq!(out, text, "{name}");
-        assert!(held_back > 0, "{name}: expected some tokens to be partial UTF-8");
+        assert!(
+            held_back > 0,
+            "{name}: expected some tokens to be partial UTF-8"
+        );
     }
 }
 
 #[test]
 fn sentencepiece_leading_space_rule() {
-    let Some(tok) = vocab("llama-spm") else { return };
+    let Some(tok) = vocab("llama-spm") else {
+        return;
+    };
     let ids = tok.encode("Hello world", false, false).expect("encode");
     // The encoder prefixes a space; the first piece is "▁Hello".
     assert_eq!(tok.token_to_piece(ids[0]), b" Hello");

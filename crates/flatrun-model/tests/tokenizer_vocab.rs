@@ -24,23 +24,33 @@ const SUPPORTED: &[&str] = &[
 ];
 
 fn vocab_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("FLATRUN_VOCAB").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/vocab")
-    });
+    let dir = std::env::var_os("FLATRUN_VOCAB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/vocab")
+        });
     if dir.join("ggml-vocab-qwen2.gguf").exists() {
         return Some(dir);
     }
     if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
-        panic!("vocab fixtures missing in {} (run scripts/setup-test-env.sh)", dir.display());
+        panic!(
+            "vocab fixtures missing in {} (run scripts/setup-test-env.sh)",
+            dir.display()
+        );
     }
-    eprintln!("skipping: vocab fixtures missing in {} (run scripts/setup-test-env.sh)", dir.display());
+    eprintln!(
+        "skipping: vocab fixtures missing in {} (run scripts/setup-test-env.sh)",
+        dir.display()
+    );
     None
 }
 
 /// The golden pairs of one vocabulary, split the way llama.cpp's test-tokenizer-0 splits them.
 fn golden_pairs(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
-    let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp"))).expect("read .inp");
-    let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).expect("read .out");
+    let inp = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.inp")))
+        .expect("read .inp");
+    let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out")))
+        .expect("read .out");
     let sep = "\n__ggml_vocab_test__\n";
     let mut inputs = Vec::new();
     let mut pos = 0;
@@ -56,14 +66,26 @@ fn golden_pairs(dir: &std::path::Path, name: &str) -> Vec<(String, Vec<u32>)> {
             }
         }
     }
-    let outputs: Vec<Vec<u32>> = out.lines().map(|l| l.split_whitespace().map(|t| t.parse().expect("id")).collect()).collect();
-    assert_eq!(inputs.len(), outputs.len(), "{name}: .inp and .out disagree in length");
+    let outputs: Vec<Vec<u32>> = out
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .map(|t| t.parse().expect("id"))
+                .collect()
+        })
+        .collect();
+    assert_eq!(
+        inputs.len(),
+        outputs.len(),
+        "{name}: .inp and .out disagree in length"
+    );
     inputs.into_iter().zip(outputs).collect()
 }
 
 fn load(dir: &std::path::Path, name: &str) -> Tokenizer {
     let path = dir.join(format!("ggml-vocab-{name}.gguf"));
-    let backend = flatrun_format::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
+    let backend =
+        flatrun_format::open(&path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     Tokenizer::from_gguf_metadata(backend.metadata()).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -84,7 +106,12 @@ fn vocab_golden_pairs_match_llama_cpp() {
                 }
             }
         }
-        eprintln!("{name} ({}): {}/{} golden pairs equal", tok.kind(), pairs.len() - bad, pairs.len());
+        eprintln!(
+            "{name} ({}): {}/{} golden pairs equal",
+            tok.kind(),
+            pairs.len() - bad,
+            pairs.len()
+        );
         if bad > 0 {
             failures.push(format!("{name}: {bad} of {}", pairs.len()));
         }
@@ -106,5 +133,10 @@ fn vocab_round_trip() {
             }
         }
     }
-    assert!(failures.is_empty(), "{} round-trip failures: {:#?}", failures.len(), &failures[..failures.len().min(10)]);
+    assert!(
+        failures.is_empty(),
+        "{} round-trip failures: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(10)]
+    );
 }

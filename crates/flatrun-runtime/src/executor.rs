@@ -126,6 +126,8 @@ pub struct StreamingExecutor {
     /// Whether every layer has been faulted in once (resident layers then
     /// need no read-ahead).
     warmed: bool,
+    /// Acquisitions so far (layers and head), the prefetcher's clock.
+    acquisitions: u64,
     scratch: DecoderScratch,
     ctx: usize,
     kv_type: KvType,
@@ -237,6 +239,7 @@ impl StreamingExecutor {
             prefetcher,
             prefetch_depth,
             warmed: false,
+            acquisitions: 0,
             ctx,
             kv_type: opts.kv_type,
             max_batch,
@@ -510,10 +513,12 @@ impl StreamingExecutor {
 
     /// Ask the prefetch thread for the layers after `il` (wrapping to the
     /// output head and then the next step's first layers).
-    fn request_prefetch(&self, il: usize) {
+    fn request_prefetch(&mut self, il: usize) {
+        self.acquisitions += 1;
         let Some(p) = &self.prefetcher else {
             return;
         };
+        p.advance(self.acquisitions);
         let n = self.cfg.n_layer;
         for ahead in 1..=self.prefetch_depth {
             let next = (il + ahead) % (n + 1);
@@ -523,7 +528,7 @@ impl StreamingExecutor {
                 self.residency.is_resident(next)
             };
             if !(keep && self.warmed) {
-                p.request(next);
+                p.request(next, self.acquisitions + ahead as u64);
             }
         }
     }
@@ -553,6 +558,10 @@ impl StreamingExecutor {
     /// `logits = x · Woutᵀ` for `m` rows of `x`, reading the head in chunks
     /// of rows so that a large vocabulary never has to be resident at once.
     fn output_head(&mut self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        self.acquisitions += 1;
+        if let Some(p) = &self.prefetcher {
+            p.advance(self.acquisitions);
+        }
         let backend = self.backend.clone();
         let name = self.manifest.output.name.clone();
         let h = open(backend.as_ref(), &name)?;

@@ -77,10 +77,9 @@ fn spawn_child(model: &Path, ctx: usize, cgroup_procs: Option<&Path>) -> Option<
         eprintln!("child failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
         return None;
     }
-    let line = stdout.lines().find(|l| l.starts_with("RESULT "))?;
+    let line = stdout.lines().find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))?;
     Some(
         line.split_whitespace()
-            .skip(1)
             .filter_map(|kv| kv.split_once('='))
             .filter_map(|(k, v)| v.parse().ok().map(|v| (k.to_string(), v)))
             .collect(),

@@ -182,9 +182,13 @@ async fn http_queue_full_is_429_for_openai_and_529_for_anthropic() {
     assert_eq!(anthropic.status, 529, "{}", anthropic.body);
     assert_eq!(anthropic.json()["error"]["type"], "overloaded_error");
     // The worker picks up the queued request at its next step.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let metrics = server.get("/metrics").await.body;
-    assert!(metrics.contains("flatrun_queue_depth 1"), "{metrics}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut metrics = server.get("/metrics").await.body;
+    while !metrics.contains("flatrun_queue_depth 1") {
+        assert!(std::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        metrics = server.get("/metrics").await.body;
+    }
     assert!(metrics.contains("flatrun_active_sequences 1"), "{metrics}");
     // A queued client that goes away gives its place back.
     drop(_queued);

@@ -6,6 +6,12 @@
 //! unpacked once, then multiplied with every token of the tile.
 //! The public wrappers are safe: [`super::dispatch`] only hands them out after
 //! detecting the features, and they check the slice lengths they rely on.
+//!
+//! # Safety (every `unsafe fn` below)
+//! The caller must run on a CPU with the module's target features, pass a row of
+//! whole blocks, and 1..=N activation rows each holding at least the matching
+//! number of activation blocks; the kernels index with `get_unchecked` and raw
+//! pointers inside those bounds only.
 
 use std::arch::x86_64::*;
 

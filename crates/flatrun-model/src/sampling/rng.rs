@@ -18,7 +18,9 @@ impl Xoshiro256 {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^ (z >> 31)
         };
-        Xoshiro256 { s: [next(), next(), next(), next()] }
+        Xoshiro256 {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {

@@ -22,10 +22,20 @@ pub(crate) struct ByteLevelBpe {
 
 impl ByteLevelBpe {
     /// Build from the vocabulary and the GGUF merge list (`"left right"`, rank = index).
-    pub fn new(vocab: &Vocab, merges: &[String], spec: &PreTokenizerSpec, pre_name: &str) -> Result<ByteLevelBpe, TokenizerError> {
+    pub fn new(
+        vocab: &Vocab,
+        merges: &[String],
+        spec: &PreTokenizerSpec,
+        pre_name: &str,
+    ) -> Result<ByteLevelBpe, TokenizerError> {
         // Token texts of a byte-level vocabulary are already in GPT-2's
         // printable-byte alphabet, which is what the `tokenizers` BPE expects.
-        let bpe_vocab: BpeVocab = vocab.texts.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
+        let bpe_vocab: BpeVocab = vocab
+            .texts
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), i as u32))
+            .collect();
         let mut pairs = Vec::with_capacity(merges.len());
         for merge in merges {
             // llama.cpp splits at the first space after the first byte.
@@ -35,7 +45,10 @@ impl ByteLevelBpe {
             let (left, right) = (&merge[..split], &merge[split + 1..]);
             // A merge whose parts or result are not tokens can never apply
             // (llama.cpp ignores it too); the `tokenizers` builder rejects it.
-            if vocab.ids.contains_key(left) && vocab.ids.contains_key(right) && vocab.ids.contains_key(&format!("{left}{right}")) {
+            if vocab.ids.contains_key(left)
+                && vocab.ids.contains_key(right)
+                && vocab.ids.contains_key(&format!("{left}{right}"))
+            {
                 pairs.push((left.to_string(), right.to_string()));
             }
         }
@@ -46,11 +59,21 @@ impl ByteLevelBpe {
             .map_err(|e| TokenizerError::Machinery(format!("building the BPE model: {e}")))?;
         let mut steps = Vec::with_capacity(spec.regexes.len() + 1);
         for (index, regex) in spec.regexes.iter().enumerate() {
-            let split = Split::new(SplitPattern::Regex(regex.clone()), SplitDelimiterBehavior::Isolated, false)
-                .map_err(|e| TokenizerError::BadRegex { pre: pre_name.to_string(), index, what: e.to_string() })?;
+            let split = Split::new(
+                SplitPattern::Regex(regex.clone()),
+                SplitDelimiterBehavior::Isolated,
+                false,
+            )
+            .map_err(|e| TokenizerError::BadRegex {
+                pre: pre_name.to_string(),
+                index,
+                what: e.to_string(),
+            })?;
             steps.push(PreTokenizerWrapper::Split(split));
         }
-        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, false, false)));
+        steps.push(PreTokenizerWrapper::ByteLevel(ByteLevel::new(
+            false, false, false,
+        )));
         let mut inner = tokenizers::Tokenizer::new(model);
         inner.with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(Sequence::new(steps))));
         Ok(ByteLevelBpe { inner })
@@ -61,7 +84,10 @@ impl ByteLevelBpe {
         if text.is_empty() {
             return Ok(());
         }
-        let encoding = self.inner.encode_fast(text, false).map_err(|e| TokenizerError::Machinery(format!("encoding: {e}")))?;
+        let encoding = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| TokenizerError::Machinery(format!("encoding: {e}")))?;
         out.extend_from_slice(encoding.get_ids());
         Ok(())
     }

@@ -9,7 +9,9 @@ fn byte_to_char_table() -> &'static [char; 256] {
     TABLE.get_or_init(|| {
         let mut table = ['\0'; 256];
         // Printable Latin-1 bytes stand for themselves…
-        let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
+        let printable = |b: u32| {
+            (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b)
+        };
         // …every other byte is shifted to U+0100 and up, in byte order.
         let mut next_shifted = 0x100u32;
         for b in 0..256u32 {

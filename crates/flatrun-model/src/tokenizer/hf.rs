@@ -11,7 +11,10 @@ use super::{render_piece, Engine, PieceStyle, SpecialTokens, Tokenizer, Tokenize
 
 pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     let tokenizer_path = dir.join("tokenizer.json");
-    let mut json = read_json(&tokenizer_path)?.ok_or_else(|| TokenizerError::HfFile { path: tokenizer_path.clone(), what: "file not found".into() })?;
+    let mut json = read_json(&tokenizer_path)?.ok_or_else(|| TokenizerError::HfFile {
+        path: tokenizer_path.clone(),
+        what: "file not found".into(),
+    })?;
     let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Value::Null);
     let generation = read_json(&dir.join("generation_config.json"))?.unwrap_or(Value::Null);
 
@@ -22,8 +25,14 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     if let Some(list) = json.get_mut("added_tokens").and_then(Value::as_array_mut) {
         for token in list {
             let id = token.get("id").and_then(Value::as_u64);
-            let content = token.get("content").and_then(Value::as_str).map(str::to_string);
-            let special = token.get("special").and_then(Value::as_bool).unwrap_or(false);
+            let content = token
+                .get("content")
+                .and_then(Value::as_str)
+                .map(str::to_string);
+            let special = token
+                .get("special")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
             if let (Some(id), Some(content)) = (id, content) {
                 added.push((id as u32, content, special));
             }
@@ -32,12 +41,22 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
             }
         }
     }
-    let bytes = serde_json::to_vec(&json).map_err(|e| TokenizerError::HfFile { path: tokenizer_path.clone(), what: e.to_string() })?;
-    let mut hf = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::HfFile { path: tokenizer_path.clone(), what: e.to_string() })?;
+    let bytes = serde_json::to_vec(&json).map_err(|e| TokenizerError::HfFile {
+        path: tokenizer_path.clone(),
+        what: e.to_string(),
+    })?;
+    let mut hf = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| TokenizerError::HfFile {
+        path: tokenizer_path.clone(),
+        what: e.to_string(),
+    })?;
 
     // The vocabulary, added tokens included, indexed by id.
     let with_added = hf.get_vocab(true);
-    let size = with_added.values().map(|&id| id as usize + 1).max().unwrap_or(0);
+    let size = with_added
+        .values()
+        .map(|&id| id as usize + 1)
+        .max()
+        .unwrap_or(0);
     let mut texts: Vec<String> = (0..size).map(|i| format!("[EMPTY_{i}]")).collect();
     let mut kinds = vec![TokenKind::Normal; size];
     for (text, &id) in &with_added {
@@ -48,14 +67,20 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     }
     for (id, _, special) in &added {
         if let Some(kind) = kinds.get_mut(*id as usize) {
-            *kind = if *special { TokenKind::Control } else { TokenKind::UserDefined };
+            *kind = if *special {
+                TokenKind::Control
+            } else {
+                TokenKind::UserDefined
+            };
         }
     }
 
     // BOS/EOS by their text in tokenizer_config.json.
     let token_by_name = |name: &str| -> Option<u32> {
         let v = config.get(name)?;
-        let text = v.as_str().or_else(|| v.get("content").and_then(Value::as_str))?;
+        let text = v
+            .as_str()
+            .or_else(|| v.get("content").and_then(Value::as_str))?;
         with_added.get(text).copied()
     };
     let bos = token_by_name("bos_token");
@@ -63,7 +88,10 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     let unk = token_by_name("unk_token");
     let mut extra_stops: Vec<u32> = match generation.get("eos_token_id") {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64().map(|x| x as u32))
+            .collect(),
         _ => Vec::new(),
     };
     extra_stops.retain(|&id| (id as usize) < size);
@@ -71,18 +99,45 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     let vocab = Vocab::new(texts, scores, kinds, bos, eos, unk, &extra_stops);
 
     // How pieces render: byte-level if the decoder says so, SentencePiece otherwise.
-    let decoder = json.get("decoder").map(|d| d.to_string()).unwrap_or_default();
-    let normalizer = json.get("normalizer").map(|d| d.to_string()).unwrap_or_default();
-    let pre_tokenizer = json.get("pre_tokenizer").map(|d| d.to_string()).unwrap_or_default();
-    let style = if decoder.contains("ByteLevel") || pre_tokenizer.contains("ByteLevel") { PieceStyle::ByteLevel } else { PieceStyle::SentencePiece };
+    let decoder = json
+        .get("decoder")
+        .map(|d| d.to_string())
+        .unwrap_or_default();
+    let normalizer = json
+        .get("normalizer")
+        .map(|d| d.to_string())
+        .unwrap_or_default();
+    let pre_tokenizer = json
+        .get("pre_tokenizer")
+        .map(|d| d.to_string())
+        .unwrap_or_default();
+    let style = if decoder.contains("ByteLevel") || pre_tokenizer.contains("ByteLevel") {
+        PieceStyle::ByteLevel
+    } else {
+        PieceStyle::SentencePiece
+    };
     let adds_space = style == PieceStyle::SentencePiece
-        && (normalizer.contains("Prepend") || pre_tokenizer.contains("\"prepend_scheme\":\"always\"") || pre_tokenizer.contains("\"prepend_scheme\":\"first\""));
-    let model_type = json.get("model").and_then(|m| m.get("type")).and_then(Value::as_str).unwrap_or("unknown").to_string();
+        && (normalizer.contains("Prepend")
+            || pre_tokenizer.contains("\"prepend_scheme\":\"always\"")
+            || pre_tokenizer.contains("\"prepend_scheme\":\"first\""));
+    let model_type = json
+        .get("model")
+        .and_then(|m| m.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("unknown")
+        .to_string();
 
     // BOS/EOS the post-processor adds: compare an encoding with and without them.
-    let probe = |add: bool| hf.encode_fast("a", add).map(|e| e.get_ids().to_vec()).map_err(|e| TokenizerError::Machinery(e.to_string()));
+    let probe = |add: bool| {
+        hf.encode_fast("a", add)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| TokenizerError::Machinery(e.to_string()))
+    };
     let (plain, full) = (probe(false)?, probe(true)?);
-    let (prefix, suffix) = match full.windows(plain.len().max(1)).position(|w| w == plain.as_slice()) {
+    let (prefix, suffix) = match full
+        .windows(plain.len().max(1))
+        .position(|w| w == plain.as_slice())
+    {
         Some(at) if !plain.is_empty() => (full[..at].to_vec(), full[at + plain.len()..].to_vec()),
         _ => (Vec::new(), Vec::new()),
     };
@@ -97,7 +152,9 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     hf.set_encode_special_tokens(true);
     // Control-ness after llama.cpp's name rules (FIM and end-of-turn markers are control).
     let specials = SpecialTokens::from_vocab(&vocab, false);
-    let pieces = (0..vocab.len()).map(|id| render_piece(&vocab, style, id)).collect();
+    let pieces = (0..vocab.len())
+        .map(|id| render_piece(&vocab, style, id))
+        .collect();
     Ok(Tokenizer {
         vocab,
         engine: Engine::HuggingFace(Box::new(hf)),
@@ -114,8 +171,16 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
 
 fn read_json(path: &PathBuf) -> Result<Option<Value>, TokenizerError> {
     match std::fs::read(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| TokenizerError::HfFile { path: path.clone(), what: e.to_string() }),
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| TokenizerError::HfFile {
+                path: path.clone(),
+                what: e.to_string(),
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(TokenizerError::HfFile { path: path.clone(), what: e.to_string() }),
+        Err(e) => Err(TokenizerError::HfFile {
+            path: path.clone(),
+            what: e.to_string(),
+        }),
     }
 }

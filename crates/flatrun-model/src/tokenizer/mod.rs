@@ -80,7 +80,10 @@ pub struct Tokenizer {
 
 impl std::fmt::Debug for Tokenizer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokenizer").field("kind", &self.kind).field("vocab_size", &self.vocab.len()).finish_non_exhaustive()
+        f.debug_struct("Tokenizer")
+            .field("kind", &self.kind)
+            .field("vocab_size", &self.vocab.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -89,9 +92,18 @@ impl Tokenizer {
     /// `token_type`, `merges`, `pre`, special ids and flags).
     pub fn from_gguf_metadata(md: &Metadata) -> Result<Tokenizer, TokenizerError> {
         let r = MetaReader::new(md);
-        let model = r.str("tokenizer.ggml.model")?.ok_or_else(|| TokenizerError::MissingKey { key: "tokenizer.ggml.model".into() })?;
+        let model = r
+            .str("tokenizer.ggml.model")?
+            .ok_or_else(|| TokenizerError::MissingKey {
+                key: "tokenizer.ggml.model".into(),
+            })?;
         let mut warnings = Vec::new();
-        let model_name = r.str("general.name").ok().flatten().unwrap_or("").to_lowercase();
+        let model_name = r
+            .str("general.name")
+            .ok()
+            .flatten()
+            .unwrap_or("")
+            .to_lowercase();
         let phi3 = model_name.contains("phi-3") || model_name.contains("phi3");
         match model {
             "gpt2" => {
@@ -101,22 +113,50 @@ impl Tokenizer {
                     Some(spec) => spec,
                     None => {
                         warnings.push(format!("unknown pre-tokenizer `{pre}`: using `default`; token ids may differ from the model's training tokenizer"));
-                        pre_tokenizer::spec_for("default").ok_or_else(|| TokenizerError::Machinery("no default pre-tokenizer".into()))?
+                        pre_tokenizer::spec_for("default").ok_or_else(|| {
+                            TokenizerError::Machinery("no default pre-tokenizer".into())
+                        })?
                     }
                 };
-                let merges = r.str_array("tokenizer.ggml.merges")?.ok_or_else(|| TokenizerError::MissingKey { key: "tokenizer.ggml.merges".into() })?;
+                let merges = r.str_array("tokenizer.ggml.merges")?.ok_or_else(|| {
+                    TokenizerError::MissingKey {
+                        key: "tokenizer.ggml.merges".into(),
+                    }
+                })?;
                 let engine = ByteLevelBpe::new(&vocab, &merges, &spec, pre)?;
-                let add_bos = r.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(spec.add_bos_default);
+                let add_bos = r
+                    .bool("tokenizer.ggml.add_bos_token")?
+                    .unwrap_or(spec.add_bos_default);
                 let add_eos = r.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
                 let kind = format!("gpt2 BPE ({})", spec.family);
-                Ok(Self::assemble(vocab, Engine::ByteLevelBpe(Box::new(engine)), PieceStyle::ByteLevel, add_bos, add_eos, false, phi3, kind, warnings))
+                Ok(Self::assemble(
+                    vocab,
+                    Engine::ByteLevelBpe(Box::new(engine)),
+                    PieceStyle::ByteLevel,
+                    add_bos,
+                    add_eos,
+                    false,
+                    phi3,
+                    kind,
+                    warnings,
+                ))
             }
             "llama" => {
                 let vocab = vocab::vocab_from_gguf(&r, true)?;
                 let add_bos = r.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true);
                 let add_eos = r.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
                 let add_space_prefix = r.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
-                Ok(Self::assemble(vocab, Engine::SentencePiece, PieceStyle::SentencePiece, add_bos, add_eos, add_space_prefix, phi3, "SentencePiece".into(), warnings))
+                Ok(Self::assemble(
+                    vocab,
+                    Engine::SentencePiece,
+                    PieceStyle::SentencePiece,
+                    add_bos,
+                    add_eos,
+                    add_space_prefix,
+                    phi3,
+                    "SentencePiece".into(),
+                    warnings,
+                ))
             }
             other => Err(TokenizerError::UnsupportedModel(other.to_string())),
         }
@@ -146,24 +186,46 @@ impl Tokenizer {
         if add_bos {
             match vocab.bos {
                 Some(b) => prefix.push(b),
-                None => warnings.push("add_bos_token is set but the vocabulary has no BOS id".into()),
+                None => {
+                    warnings.push("add_bos_token is set but the vocabulary has no BOS id".into())
+                }
             }
         }
         if add_eos {
             match vocab.eos {
                 Some(e) => suffix.push(e),
-                None => warnings.push("add_eos_token is set but the vocabulary has no EOS id".into()),
+                None => {
+                    warnings.push("add_eos_token is set but the vocabulary has no EOS id".into())
+                }
             }
         }
-        let pieces = (0..vocab.len()).map(|id| render_piece(&vocab, style, id)).collect();
-        Tokenizer { vocab, engine, specials, style, prefix, suffix, add_space_prefix, pieces, kind, warnings }
+        let pieces = (0..vocab.len())
+            .map(|id| render_piece(&vocab, style, id))
+            .collect();
+        Tokenizer {
+            vocab,
+            engine,
+            specials,
+            style,
+            prefix,
+            suffix,
+            add_space_prefix,
+            pieces,
+            kind,
+            warnings,
+        }
     }
 
     /// Token ids of `text`. `add_special` adds BOS/EOS as the model's
     /// metadata asks; `parse_special` recognizes control tokens such as
     /// `<|im_start|>` in the text (otherwise they are encoded as plain text;
     /// user-defined tokens are always recognized, as in llama.cpp).
-    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>, TokenizerError> {
+    pub fn encode(
+        &self,
+        text: &str,
+        add_special: bool,
+        parse_special: bool,
+    ) -> Result<Vec<u32>, TokenizerError> {
         let mut out = Vec::with_capacity(text.len() / 3 + 2);
         if add_special {
             out.extend_from_slice(&self.prefix);
@@ -189,7 +251,12 @@ impl Tokenizer {
     }
 
     /// Encode text that contains no special tokens.
-    fn encode_plain(&self, text: &str, after_special: bool, out: &mut Vec<u32>) -> Result<(), TokenizerError> {
+    fn encode_plain(
+        &self,
+        text: &str,
+        after_special: bool,
+        out: &mut Vec<u32>,
+    ) -> Result<(), TokenizerError> {
         match &self.engine {
             Engine::ByteLevelBpe(bpe) => bpe.encode(text, out),
             Engine::SentencePiece => {
@@ -204,7 +271,9 @@ impl Tokenizer {
                 Ok(())
             }
             Engine::HuggingFace(hf) => {
-                let encoding = hf.encode_fast(text, false).map_err(|e| TokenizerError::Machinery(format!("encoding: {e}")))?;
+                let encoding = hf
+                    .encode_fast(text, false)
+                    .map_err(|e| TokenizerError::Machinery(format!("encoding: {e}")))?;
                 out.extend_from_slice(encoding.get_ids());
                 Ok(())
             }
@@ -218,12 +287,19 @@ impl Tokenizer {
         let mut bytes = Vec::with_capacity(ids.len() * 4);
         let mut first = true;
         for &id in ids {
-            let kind = self.vocab.kind(id).ok_or(TokenizerError::IdOutOfRange { id, vocab_size: self.vocab.len() })?;
+            let kind = self.vocab.kind(id).ok_or(TokenizerError::IdOutOfRange {
+                id,
+                vocab_size: self.vocab.len(),
+            })?;
             if skip_special && matches!(kind, TokenKind::Control | TokenKind::Unknown) {
                 continue;
             }
             let piece = &self.pieces[id as usize];
-            if first && self.add_space_prefix && piece.first() == Some(&b' ') && !matches!(kind, TokenKind::Control) {
+            if first
+                && self.add_space_prefix
+                && piece.first() == Some(&b' ')
+                && !matches!(kind, TokenKind::Control)
+            {
                 bytes.extend_from_slice(&piece[1..]);
             } else {
                 bytes.extend_from_slice(piece);
@@ -278,7 +354,10 @@ impl Tokenizer {
 
     /// Whether `id` is a control (or unknown) token, hidden when decoding with `skip_special`.
     pub fn is_special(&self, id: u32) -> bool {
-        matches!(self.vocab.kind(id), Some(TokenKind::Control | TokenKind::Unknown))
+        matches!(
+            self.vocab.kind(id),
+            Some(TokenKind::Control | TokenKind::Unknown)
+        )
     }
 
     /// Whether BOS/EOS are added by `encode(.., add_special = true, ..)`.
@@ -305,9 +384,13 @@ impl Tokenizer {
 fn render_piece(vocab: &Vocab, style: PieceStyle, id: usize) -> Vec<u8> {
     let text = &vocab.texts[id];
     match vocab.kinds[id] {
-        TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => text.as_bytes().to_vec(),
+        TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => {
+            text.as_bytes().to_vec()
+        }
         TokenKind::Unused => Vec::new(),
-        TokenKind::Byte => parse_byte_token(text).map(|b| vec![b]).unwrap_or_else(|| text.as_bytes().to_vec()),
+        TokenKind::Byte => parse_byte_token(text)
+            .map(|b| vec![b])
+            .unwrap_or_else(|| text.as_bytes().to_vec()),
         TokenKind::Normal => match style {
             PieceStyle::ByteLevel => byte_level::decode_byte_level(text),
             PieceStyle::SentencePiece => text.replace('▁', " ").into_bytes(),

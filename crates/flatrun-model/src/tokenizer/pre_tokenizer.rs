@@ -25,9 +25,20 @@ pub(crate) struct PreTokenizerSpec {
 
 /// The regexes for a `tokenizer.ggml.pre` value, or `None` when it is unknown.
 pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
-    let llama3 = format!(r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+");
-    let qwen2 = format!(r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+");
-    let spec = |family: &'static str, regexes: Vec<String>, ignore_merges: bool| Some(PreTokenizerSpec { family, regexes, ignore_merges, add_bos_default: false });
+    let llama3 = format!(
+        r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}{{1,3}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    );
+    let qwen2 = format!(
+        r"{CONTRACTIONS_ANY_CASE}|[^\r\n\p{{L}}\p{{N}}]?\p{{L}}+|\p{{N}}| ?[^\s\p{{L}}\p{{N}}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    );
+    let spec = |family: &'static str, regexes: Vec<String>, ignore_merges: bool| {
+        Some(PreTokenizerSpec {
+            family,
+            regexes,
+            ignore_merges,
+            add_bos_default: false,
+        })
+    };
     match pre {
         "default" | "" => spec("default", default_regexes(), false),
         "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "falcon-h1" | "pixtral" | "midm-2.0" | "lfm2" | "jina-v5-nano" => {
@@ -106,5 +117,10 @@ pub(crate) fn spec_for(pre: &str) -> Option<PreTokenizerSpec> {
 
 /// llama.cpp's regexes for `pre = default` (and for unknown values).
 pub(crate) fn default_regexes() -> Vec<String> {
-    vec![r"[\p{P}\$\+<=>\^~\|]+".into(), GPT2.into(), r"\p{N}+".into(), "[0-9][0-9][0-9]".into()]
+    vec![
+        r"[\p{P}\$\+<=>\^~\|]+".into(),
+        GPT2.into(),
+        r"\p{N}+".into(),
+        "[0-9][0-9][0-9]".into(),
+    ]
 }

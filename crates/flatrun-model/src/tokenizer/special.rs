@@ -45,7 +45,10 @@ impl SpecialTokens {
         let mut by_length = Vec::new();
         for (id, text) in vocab.texts.iter().enumerate() {
             let kind = vocab.kinds[id];
-            if !matches!(kind, TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown) {
+            if !matches!(
+                kind,
+                TokenKind::Control | TokenKind::UserDefined | TokenKind::Unknown
+            ) {
                 continue;
             }
             let rstrip = phi3_rules && !matches!(text.as_str(), "<unk>" | "<s>" | "<|endoftext|>");
@@ -66,13 +69,19 @@ impl SpecialTokens {
         let mut lengths_by_first_byte: HashMap<u8, Vec<usize>> = HashMap::new();
         let mut position = HashMap::new();
         for (i, s) in by_length.iter().enumerate() {
-            let lengths = lengths_by_first_byte.entry(s.text.as_bytes()[0]).or_default();
+            let lengths = lengths_by_first_byte
+                .entry(s.text.as_bytes()[0])
+                .or_default();
             if !lengths.contains(&s.text.len()) {
                 lengths.push(s.text.len());
             }
             position.entry(s.text.clone()).or_insert(i);
         }
-        SpecialTokens { by_length, lengths_by_first_byte, position }
+        SpecialTokens {
+            by_length,
+            lengths_by_first_byte,
+            position,
+        }
     }
 
     /// Positions (in `by_length`) of the special tokens occurring in `text`.
@@ -80,9 +89,13 @@ impl SpecialTokens {
         let bytes = text.as_bytes();
         let mut found = HashSet::new();
         for (at, b) in bytes.iter().enumerate() {
-            let Some(lengths) = self.lengths_by_first_byte.get(b) else { continue };
+            let Some(lengths) = self.lengths_by_first_byte.get(b) else {
+                continue;
+            };
             for &len in lengths {
-                let Some(candidate) = text.get(at..at + len) else { continue };
+                let Some(candidate) = text.get(at..at + len) else {
+                    continue;
+                };
                 if let Some(&pos) = self.position.get(candidate) {
                     if parse_special || !self.by_length[pos].needs_parse_special {
                         found.insert(pos);
@@ -97,7 +110,10 @@ impl SpecialTokens {
 
     /// Cut `text` into plain-text fragments and special tokens.
     pub fn partition(&self, text: &str, parse_special: bool) -> Vec<Fragment> {
-        let mut fragments = vec![Fragment::Text { start: 0, end: text.len() }];
+        let mut fragments = vec![Fragment::Text {
+            start: 0,
+            end: text.len(),
+        }];
         if text.is_empty() {
             return Vec::new();
         }
@@ -114,12 +130,17 @@ impl SpecialTokens {
                     let match_start = start + found;
                     let mut left_end = match_start;
                     if special.lstrip {
-                        while left_end > start && text.as_bytes()[left_end - 1].is_ascii_whitespace() {
+                        while left_end > start
+                            && text.as_bytes()[left_end - 1].is_ascii_whitespace()
+                        {
                             left_end -= 1;
                         }
                     }
                     if left_end > start {
-                        next.push(Fragment::Text { start, end: left_end });
+                        next.push(Fragment::Text {
+                            start,
+                            end: left_end,
+                        });
                     }
                     next.push(Fragment::Token(special.id));
                     start = match_start + special.text.len();

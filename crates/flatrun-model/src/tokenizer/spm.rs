@@ -46,7 +46,9 @@ impl PartialOrd for Candidate {
 impl Ord for Candidate {
     /// Higher score first; among equal scores the leftmost pair first.
     fn cmp(&self, other: &Self) -> Ordering {
-        self.score.total_cmp(&other.score).then_with(|| other.left.cmp(&self.left))
+        self.score
+            .total_cmp(&other.score)
+            .then_with(|| other.left.cmp(&self.left))
     }
 }
 
@@ -56,7 +58,12 @@ pub(crate) fn encode(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
     let mut pieces: Vec<Piece> = Vec::with_capacity(text.len());
     for (start, c) in text.char_indices() {
         let index = pieces.len();
-        pieces.push(Piece { start, len: c.len_utf8(), prev: index.checked_sub(1), next: None });
+        pieces.push(Piece {
+            start,
+            len: c.len_utf8(),
+            prev: index.checked_sub(1),
+            next: None,
+        });
         if index > 0 {
             pieces[index - 1].next = Some(index);
         }
@@ -65,12 +72,22 @@ pub(crate) fn encode(vocab: &Vocab, text: &str, out: &mut Vec<u32>) {
         return;
     }
     let mut queue = BinaryHeap::new();
-    let try_pair = |left: Option<usize>, right: Option<usize>, pieces: &[Piece], queue: &mut BinaryHeap<Candidate>| {
-        let (Some(left), Some(right)) = (left, right) else { return };
+    let try_pair = |left: Option<usize>,
+                    right: Option<usize>,
+                    pieces: &[Piece],
+                    queue: &mut BinaryHeap<Candidate>| {
+        let (Some(left), Some(right)) = (left, right) else {
+            return;
+        };
         let (l, r) = (pieces[left], pieces[right]);
         let joined = &text[l.start..r.start + r.len];
         if let Some(id) = vocab.id(joined) {
-            queue.push(Candidate { score: vocab.scores[id as usize], left, right, len: joined.len() });
+            queue.push(Candidate {
+                score: vocab.scores[id as usize],
+                left,
+                right,
+                len: joined.len(),
+            });
         }
     };
     // Seed the queue with every adjacent pair.

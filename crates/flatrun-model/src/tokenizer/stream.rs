@@ -17,7 +17,11 @@ pub struct StreamDecoder<'t> {
 
 impl<'t> StreamDecoder<'t> {
     pub fn new(tokenizer: &'t Tokenizer) -> StreamDecoder<'t> {
-        StreamDecoder { tokenizer, pending: Vec::new(), at_start: true }
+        StreamDecoder {
+            tokenizer,
+            pending: Vec::new(),
+            at_start: true,
+        }
     }
 
     /// Feed one id; returns the text that became complete, if any.
@@ -61,7 +65,10 @@ impl<'t> StreamDecoder<'t> {
                 Err(e) => {
                     let valid = e.valid_up_to();
                     // The first `valid_up_to` bytes are valid UTF-8 by definition.
-                    out.push_str(std::str::from_utf8(&self.pending[consumed..consumed + valid]).unwrap_or_default());
+                    out.push_str(
+                        std::str::from_utf8(&self.pending[consumed..consumed + valid])
+                            .unwrap_or_default(),
+                    );
                     consumed += valid;
                     match e.error_len() {
                         // An invalid sequence: replace it and go on.

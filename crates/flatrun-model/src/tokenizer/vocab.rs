@@ -74,13 +74,39 @@ pub(crate) const END_OF_GENERATION_TEXTS: &[&str] = &[
 ];
 
 /// Fill-in-the-middle tokens that llama.cpp also stops on (pad, repo, file separator).
-const FIM_STOP_TEXTS: &[&str] = &["<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"];
+const FIM_STOP_TEXTS: &[&str] = &[
+    "<|fim_pad|>",
+    "<fim-pad>",
+    "<fim_pad>",
+    "<PAD>",
+    "<|fim_repo|>",
+    "<|repo_name|>",
+    "<fim-repo>",
+    "<REPO>",
+    "<reponame>",
+    "<|file_sep|>",
+];
 
 /// Other fill-in-the-middle markers that llama.cpp forces to control tokens.
 const FIM_CONTROL_TEXTS: &[&str] = &[
-    "<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-    "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-    "<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+    "<|fim_prefix|>",
+    "<fim-prefix>",
+    "<fim_prefix>",
+    "<｜fim▁begin｜>",
+    "<PRE>",
+    "▁<PRE>",
+    "<|fim_suffix|>",
+    "<fim-suffix>",
+    "<fim_suffix>",
+    "<｜fim▁hole｜>",
+    "<SUF>",
+    "▁<SUF>",
+    "<|fim_middle|>",
+    "<fim-middle>",
+    "<fim_middle>",
+    "<｜fim▁end｜>",
+    "<MID>",
+    "▁<MID>",
 ];
 
 /// The token table of one model.
@@ -120,14 +146,27 @@ impl Vocab {
                 stops.insert(id);
             }
         }
-        for text in END_OF_GENERATION_TEXTS.iter().chain(FIM_STOP_TEXTS).chain(FIM_CONTROL_TEXTS) {
+        for text in END_OF_GENERATION_TEXTS
+            .iter()
+            .chain(FIM_STOP_TEXTS)
+            .chain(FIM_CONTROL_TEXTS)
+        {
             if let Some(&id) = ids.get(*text) {
                 kinds[id as usize] = TokenKind::Control;
             }
         }
         let n = texts.len() as u32;
         stops.retain(|&id| id < n);
-        Vocab { texts, scores, kinds, ids, bos, eos, unk, stop_ids: stops.into_iter().collect() }
+        Vocab {
+            texts,
+            scores,
+            kinds,
+            ids,
+            bos,
+            eos,
+            unk,
+            stop_ids: stops.into_iter().collect(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -154,14 +193,21 @@ impl<'m> MetaReader<'m> {
     }
 
     pub fn get(&self, key: &str) -> Option<&'m MetaValue> {
-        self.md.entries.iter().find(|(k, _)| k == key).map(|(_, v)| v)
+        self.md
+            .entries
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v)
     }
 
     pub fn str(&self, key: &str) -> Result<Option<&'m str>, TokenizerError> {
         match self.get(key) {
             None => Ok(None),
             Some(MetaValue::String(s)) => Ok(Some(s.as_str())),
-            Some(other) => Err(bad(key, format!("expected a string, found {}", value_kind(other)))),
+            Some(other) => Err(bad(
+                key,
+                format!("expected a string, found {}", value_kind(other)),
+            )),
         }
     }
 
@@ -169,7 +215,9 @@ impl<'m> MetaReader<'m> {
         match self.get(key) {
             None => Ok(None),
             Some(MetaValue::Bool(b)) => Ok(Some(*b)),
-            Some(v) => as_i64(v).map(|x| Some(x != 0)).ok_or_else(|| bad(key, "expected a bool".into())),
+            Some(v) => as_i64(v)
+                .map(|x| Some(x != 0))
+                .ok_or_else(|| bad(key, "expected a bool".into())),
         }
     }
 
@@ -178,7 +226,9 @@ impl<'m> MetaReader<'m> {
         match self.get(key) {
             None => Ok(None),
             Some(v) => {
-                let x = as_i64(v).ok_or_else(|| bad(key, format!("expected an integer, found {}", value_kind(v))))?;
+                let x = as_i64(v).ok_or_else(|| {
+                    bad(key, format!("expected an integer, found {}", value_kind(v)))
+                })?;
                 Ok((x >= 0 && (x as u64) < n_tokens as u64).then_some(x as u32))
             }
         }
@@ -188,48 +238,72 @@ impl<'m> MetaReader<'m> {
         match self.get(key) {
             None => Ok(None),
             Some(MetaValue::Array(a)) => Ok(Some(a.as_slice())),
-            Some(other) => Err(bad(key, format!("expected an array, found {}", value_kind(other)))),
+            Some(other) => Err(bad(
+                key,
+                format!("expected an array, found {}", value_kind(other)),
+            )),
         }
     }
 
     pub fn str_array(&self, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
-        let Some(items) = self.array(key)? else { return Ok(None) };
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
             .enumerate()
             .map(|(i, v)| match v {
                 MetaValue::String(s) => Ok(s.clone()),
-                other => Err(bad(key, format!("element {i}: expected a string, found {}", value_kind(other)))),
+                other => Err(bad(
+                    key,
+                    format!(
+                        "element {i}: expected a string, found {}",
+                        value_kind(other)
+                    ),
+                )),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
 
     pub fn f32_array(&self, key: &str) -> Result<Option<Vec<f32>>, TokenizerError> {
-        let Some(items) = self.array(key)? else { return Ok(None) };
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
             .enumerate()
             .map(|(i, v)| match v {
                 MetaValue::F32(x) => Ok(*x),
                 MetaValue::F64(x) => Ok(*x as f32),
-                other => as_i64(other)
-                    .map(|x| x as f32)
-                    .ok_or_else(|| bad(key, format!("element {i}: expected a number, found {}", value_kind(other)))),
+                other => as_i64(other).map(|x| x as f32).ok_or_else(|| {
+                    bad(
+                        key,
+                        format!(
+                            "element {i}: expected a number, found {}",
+                            value_kind(other)
+                        ),
+                    )
+                }),
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
     }
 
     pub fn i32_array(&self, key: &str) -> Result<Option<Vec<i32>>, TokenizerError> {
-        let Some(items) = self.array(key)? else { return Ok(None) };
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
         items
             .iter()
             .enumerate()
             .map(|(i, v)| {
-                as_i64(v)
-                    .map(|x| x as i32)
-                    .ok_or_else(|| bad(key, format!("element {i}: expected an integer, found {}", value_kind(v))))
+                as_i64(v).map(|x| x as i32).ok_or_else(|| {
+                    bad(
+                        key,
+                        format!("element {i}: expected an integer, found {}", value_kind(v)),
+                    )
+                })
             })
             .collect::<Result<Vec<_>, _>>()
             .map(Some)
@@ -237,9 +311,14 @@ impl<'m> MetaReader<'m> {
 }
 
 /// Read the GGUF token table (`tokenizer.ggml.*`).
-pub(crate) fn vocab_from_gguf(r: &MetaReader<'_>, spm_defaults: bool) -> Result<Vocab, TokenizerError> {
+pub(crate) fn vocab_from_gguf(
+    r: &MetaReader<'_>,
+    spm_defaults: bool,
+) -> Result<Vocab, TokenizerError> {
     let key = "tokenizer.ggml.tokens";
-    let mut texts = r.str_array(key)?.ok_or_else(|| TokenizerError::MissingKey { key: key.into() })?;
+    let mut texts = r
+        .str_array(key)?
+        .ok_or_else(|| TokenizerError::MissingKey { key: key.into() })?;
     let n = texts.len();
     if n == 0 {
         return Err(bad(key, "the token list is empty".into()));
@@ -252,19 +331,35 @@ pub(crate) fn vocab_from_gguf(r: &MetaReader<'_>, spm_defaults: bool) -> Result<
     }
     let scores = match r.f32_array("tokenizer.ggml.scores")? {
         Some(s) if s.len() >= n => s[..n].to_vec(),
-        Some(s) => return Err(bad("tokenizer.ggml.scores", format!("{} scores for {n} tokens", s.len()))),
+        Some(s) => {
+            return Err(bad(
+                "tokenizer.ggml.scores",
+                format!("{} scores for {n} tokens", s.len()),
+            ))
+        }
         None => vec![0.0; n],
     };
     let kinds = match r.i32_array("tokenizer.ggml.token_type")? {
         Some(t) if t.len() >= n => t[..n].iter().map(|&x| TokenKind::from_gguf(x)).collect(),
-        Some(t) => return Err(bad("tokenizer.ggml.token_type", format!("{} types for {n} tokens", t.len()))),
+        Some(t) => {
+            return Err(bad(
+                "tokenizer.ggml.token_type",
+                format!("{} types for {n} tokens", t.len()),
+            ))
+        }
         None => vec![TokenKind::Normal; n],
     };
     // SentencePiece vocabularies default to <unk>=0, <s>=1, </s>=2.
-    let (def_bos, def_eos, def_unk) = if spm_defaults && n > 2 { (Some(1), Some(2), Some(0)) } else { (None, None, None) };
+    let (def_bos, def_eos, def_unk) = if spm_defaults && n > 2 {
+        (Some(1), Some(2), Some(0))
+    } else {
+        (None, None, None)
+    };
     let bos = r.token_id("tokenizer.ggml.bos_token_id", n)?.or(def_bos);
     let eos = r.token_id("tokenizer.ggml.eos_token_id", n)?.or(def_eos);
-    let unk = r.token_id("tokenizer.ggml.unknown_token_id", n)?.or(def_unk);
+    let unk = r
+        .token_id("tokenizer.ggml.unknown_token_id", n)?
+        .or(def_unk);
     let mut extra = Vec::new();
     for k in [
         "tokenizer.ggml.eot_token_id",
@@ -304,5 +399,8 @@ fn value_kind(v: &MetaValue) -> &'static str {
 }
 
 fn bad(key: &str, what: String) -> TokenizerError {
-    TokenizerError::BadMetadata { key: key.into(), what }
+    TokenizerError::BadMetadata {
+        key: key.into(),
+        what,
+    }
 }

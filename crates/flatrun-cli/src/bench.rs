@@ -1,0 +1,230 @@
+//! `flatrun bench`: prefill (`pp N`) and decode (`tg N`) speed over
+//! repetitions, like `llama-bench`, for each residency mode asked for.
+//!
+//! Each repetition opens a fresh sequence, pushes `-p` prompt tokens through
+//! the model in one step (timed as prefill), then feeds `-n` tokens one at a
+//! time (timed as decode). The median, min and max tokens/s are reported
+//! with the peak RSS of the mode (the peak is reset between modes).
+
+use crate::flags::{human_bytes, parse_residency, residency_name, EngineFlags, OutputFlags};
+use crate::loading::load;
+use anyhow::{bail, Result};
+use flatrun_runtime::{argmax, Residency};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `flatrun bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
+    #[arg(long, short)]
+    pub model: PathBuf,
+    /// Prompt tokens of the prefill test (0 = skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]
+    pub n_prompt: usize,
+    /// Tokens of the decode test (0 = skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 64)]
+    pub n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
+    pub repetitions: usize,
+    /// Print JSON instead of a markdown table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub engine: EngineFlags,
+    #[command(flatten)]
+    pub output: OutputFlags,
+}
+
+/// One row: a test of a residency mode.
+#[derive(Debug, Serialize)]
+pub struct BenchRow {
+    pub model: String,
+    pub residency: String,
+    /// `pp128` or `tg64`.
+    pub test: String,
+    pub tokens: usize,
+    pub repetitions: usize,
+    pub median_tok_s: f64,
+    pub min_tok_s: f64,
+    pub max_tok_s: f64,
+    pub samples_tok_s: Vec<f64>,
+    pub peak_rss_bytes: u64,
+    pub threads: Option<usize>,
+    pub backend: String,
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// Reset the process's peak-RSS counter (`VmHWM`), where the kernel allows.
+fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+/// The residency modes to measure: every `--residency` given, else the automatic one.
+fn modes(args: &BenchArgs) -> Result<Vec<Residency>> {
+    let texts: Vec<&String> = args.engine.residency.iter().filter(|m| !m.trim().is_empty()).collect();
+    if texts.is_empty() {
+        return Ok(vec![args.engine.residency_for(&args.model)?]);
+    }
+    texts.iter().map(|t| parse_residency(t)).collect()
+}
+
+/// Run `flatrun bench`.
+pub fn run(args: BenchArgs) -> Result<()> {
+    if args.repetitions == 0 {
+        bail!("-r/--repetitions must be at least 1");
+    }
+    if args.n_prompt == 0 && args.n_gen == 0 {
+        bail!("nothing to measure: both -p and -n are 0");
+    }
+    let modes = modes(&args)?;
+    let quiet = args.output.quiet;
+    let mut rows = Vec::new();
+    for mode in modes {
+        let mut engine = args.engine.clone();
+        engine.residency = vec![residency_name_exact(mode)];
+        reset_peak_rss();
+        let mut loaded = load(&args.model, &engine, quiet)?;
+        let model = &mut loaded.model;
+        let ctx = model.executor().context_size();
+        if args.n_prompt + args.n_gen + 1 > ctx {
+            bail!(
+                "context overflow: -p {} + -n {} does not fit the context of {ctx} tokens\nhint: lower -p/-n or raise --ctx",
+                args.n_prompt,
+                args.n_gen
+            );
+        }
+        // A deterministic prompt of ordinary tokens (BOS first when the model wants it).
+        let vocab = model.executor().vocab_size() as u32;
+        let prompt: Vec<u32> = (0..args.n_prompt.max(1) as u32)
+            .map(|i| 100 + (i * 7919) % vocab.saturating_sub(200).max(1))
+            .collect();
+
+        let bar = progress(args.repetitions as u64, &format!("bench {}", residency_name(mode)), quiet);
+        let mut pp = Vec::new();
+        let mut tg = Vec::new();
+        // One untimed warm-up pass faults the weights in.
+        {
+            let mut session = model.session();
+            session.step(&prompt[..prompt.len().min(8)])?;
+        }
+        for _ in 0..args.repetitions {
+            let mut session = model.session();
+            // Prefill: the whole prompt in one step.
+            let started = Instant::now();
+            let logits = session.step(&prompt)?;
+            let prefill = started.elapsed();
+            if args.n_prompt > 0 {
+                pp.push(args.n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
+            }
+            // Decode: one token per step, greedy.
+            let mut next = argmax(&logits);
+            let started = Instant::now();
+            for _ in 0..args.n_gen {
+                let logits = session.step(&[next])?;
+                next = argmax(&logits);
+            }
+            if args.n_gen > 0 {
+                tg.push(args.n_gen as f64 / started.elapsed().as_secs_f64().max(1e-9));
+            }
+            if let Some(bar) = &bar {
+                bar.inc(1);
+            }
+        }
+        if let Some(bar) = bar {
+            bar.finish_and_clear();
+        }
+        let peak = flatrun_runtime::memory::rss().peak;
+        let row = |test: String, tokens: usize, samples: Vec<f64>| BenchRow {
+            model: args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            residency: residency_name(mode),
+            test,
+            tokens,
+            repetitions: args.repetitions,
+            median_tok_s: median(&samples),
+            min_tok_s: samples.iter().copied().fold(f64::INFINITY, f64::min),
+            max_tok_s: samples.iter().copied().fold(0.0, f64::max),
+            samples_tok_s: samples,
+            peak_rss_bytes: peak,
+            threads: args.engine.threads,
+            backend: args.engine.backend.clone(),
+        };
+        if args.n_prompt > 0 {
+            rows.push(row(format!("pp{}", args.n_prompt), args.n_prompt, pp));
+        }
+        if args.n_gen > 0 {
+            rows.push(row(format!("tg{}", args.n_gen), args.n_gen, tg));
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else {
+        print!("{}", markdown(&rows));
+    }
+    Ok(())
+}
+
+/// `cap=SIZE` in bytes (exact, for passing back through the flag parser).
+fn residency_name_exact(r: Residency) -> String {
+    match r {
+        Residency::Cap(bytes) => format!("cap={bytes}"),
+        other => residency_name(other),
+    }
+}
+
+fn progress(len: u64, message: &str, quiet: bool) -> Option<ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
+        bar.set_style(style);
+    }
+    bar.set_message(message.to_string());
+    Some(bar)
+}
+
+/// The rows as a markdown table.
+pub fn markdown(rows: &[BenchRow]) -> String {
+    let mut s = String::from(
+        "| model | residency | test | tok/s (median) | min | max | peak RSS |\n|---|---|---|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {} | {} | {:.2} | {:.2} | {:.2} | {} |\n",
+            r.model,
+            r.residency,
+            r.test,
+            r.median_tok_s,
+            r.min_tok_s,
+            r.max_tok_s,
+            human_bytes(r.peak_rss_bytes)
+        ));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_and_even() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[]), 0.0);
+    }
+}

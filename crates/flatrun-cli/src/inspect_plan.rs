@@ -1,0 +1,227 @@
+//! The memory plan of `flatrun inspect`: bytes per decoder layer, output
+//! head and embedding, and the peak each residency mode implies; and
+//! `--layer N`, one layer's tensors.
+//!
+//! The peak is an estimate of resident memory while a token runs:
+//!
+//! ```text
+//! resident : every weight + KV cache
+//! stream   : (1 + prefetch) × largest layer + one head chunk + KV cache
+//! cap=C    : what the plan keeps (≤ C) + (1 + prefetch) × largest streamed layer + KV cache
+//! ```
+
+use crate::flags::{human_bytes, residency_name};
+use anyhow::{bail, Result};
+use flatrun_model::{Manifest, ModelConfig};
+use flatrun_runtime::{Residency, ResidencyPlan};
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+
+/// Context the plan sizes the KV cache for (the runtime's default limit).
+const PLAN_CTX_LIMIT: usize = 4096;
+/// Bytes of one streamed chunk of the output head.
+const HEAD_CHUNK_BYTES: u64 = 4 << 20;
+/// Layers the default prefetch keeps in flight besides the executing one.
+const PLAN_PREFETCH: u64 = 1;
+
+/// Bytes of the model's parts and the peak of each residency mode.
+#[derive(Debug, Serialize)]
+pub struct MemoryPlan {
+    pub embedding_bytes: u64,
+    pub output_head_bytes: u64,
+    pub output_tied: bool,
+    pub layer_bytes: Vec<u64>,
+    pub largest_layer_bytes: u64,
+    pub total_weight_bytes: u64,
+    /// Context the KV cache is sized for.
+    pub ctx: usize,
+    /// f16 KV cache bytes at `ctx`.
+    pub kv_cache_bytes: u64,
+    pub modes: Vec<ModePeak>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layer: Option<LayerDetail>,
+}
+
+/// The estimated peak of one residency mode.
+#[derive(Debug, Serialize)]
+pub struct ModePeak {
+    pub residency: String,
+    pub resident_weight_bytes: u64,
+    pub streamed_bytes_per_token: u64,
+    pub peak_bytes: u64,
+}
+
+/// One layer's tensors (`--layer N`).
+#[derive(Debug, Serialize)]
+pub struct LayerDetail {
+    pub index: usize,
+    pub bytes: u64,
+    pub tensors: Vec<LayerTensor>,
+}
+
+/// One tensor of a layer.
+#[derive(Debug, Serialize)]
+pub struct LayerTensor {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub bytes: u64,
+}
+
+/// Build the plan for `path`; `None` when the architecture is not one the
+/// runtime runs (the rest of `inspect` still works then).
+pub fn plan(path: &Path, layer: Option<usize>) -> Result<Option<MemoryPlan>> {
+    let Ok(backend) = flatrun_format::open(path) else {
+        return Ok(None);
+    };
+    let cfg = if backend.name() == "gguf" {
+        ModelConfig::from_gguf(backend.metadata())
+    } else {
+        match backend.directory() {
+            Some(dir) => ModelConfig::from_hf_config_file(&dir.join("config.json")),
+            None => return Ok(None),
+        }
+    };
+    let Ok(cfg) = cfg else {
+        if layer.is_some() {
+            bail!("--layer needs a model whose architecture flatrun runs ({})", path.display());
+        }
+        return Ok(None);
+    };
+    let Ok(manifest) = Manifest::build(&cfg, backend.tensors()) else {
+        return Ok(None);
+    };
+    let detail = match layer {
+        None => None,
+        Some(i) => {
+            let Some(entry) = manifest.layers.get(i) else {
+                bail!("--layer {i}: the model has {} layers (0..={})", manifest.layers.len(), manifest.layers.len().saturating_sub(1));
+            };
+            let dtype_of = |name: &str| {
+                backend
+                    .tensors()
+                    .iter()
+                    .find(|t| t.name == name)
+                    .map(|t| t.dtype.to_string())
+                    .unwrap_or_else(|| "?".into())
+            };
+            Some(LayerDetail {
+                index: i,
+                bytes: entry.bytes,
+                tensors: entry
+                    .tensors
+                    .iter()
+                    .map(|t| LayerTensor {
+                        name: t.name.clone(),
+                        dtype: dtype_of(&t.name),
+                        shape: t.shape.clone(),
+                        bytes: t.bytes,
+                    })
+                    .collect(),
+            })
+        }
+    };
+    Ok(Some(build(&cfg, &manifest, detail)))
+}
+
+fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> MemoryPlan {
+    let layer_bytes: Vec<u64> = manifest.layers.iter().map(|l| l.bytes).collect();
+    let largest = layer_bytes.iter().copied().max().unwrap_or(0);
+    let embedding = manifest.embed.bytes;
+    let head = if manifest.output_tied { 0 } else { manifest.output.bytes };
+    let total = embedding + head + layer_bytes.iter().sum::<u64>() + manifest.output_norm.bytes;
+    // K and V, f16, for every layer and position.
+    let ctx = if cfg.context_length == 0 { PLAN_CTX_LIMIT } else { cfg.context_length.min(PLAN_CTX_LIMIT) };
+    let kv = (cfg.n_layer * ctx * cfg.n_kv_head * cfg.head_dim * 2 * 2) as u64;
+    let in_flight = (1 + PLAN_PREFETCH) * largest;
+    let head_chunk = HEAD_CHUNK_BYTES.min(manifest.output.bytes);
+    let mode = |policy: Residency| {
+        let p = ResidencyPlan::new(policy, manifest);
+        let streamed_layer = manifest
+            .layers
+            .iter()
+            .filter(|l| !p.is_resident(l.index))
+            .map(|l| l.bytes)
+            .max()
+            .unwrap_or(0);
+        let streaming = (1 + PLAN_PREFETCH) * streamed_layer + if p.output_resident { 0 } else { head_chunk };
+        ModePeak {
+            residency: residency_name(policy),
+            resident_weight_bytes: p.resident_bytes,
+            streamed_bytes_per_token: p.streamed_bytes_per_token,
+            peak_bytes: match policy {
+                Residency::Resident => total + kv,
+                _ => p.resident_bytes + streaming.max(if p.resident_bytes == 0 { in_flight } else { 0 }) + kv,
+            },
+        }
+    };
+    let half = (total / 2).max(largest);
+    MemoryPlan {
+        embedding_bytes: embedding,
+        output_head_bytes: manifest.output.bytes,
+        output_tied: manifest.output_tied,
+        layer_bytes,
+        largest_layer_bytes: largest,
+        total_weight_bytes: total,
+        ctx,
+        kv_cache_bytes: kv,
+        modes: vec![mode(Residency::Resident), mode(Residency::Cap(half)), mode(Residency::Stream)],
+        layer,
+    }
+}
+
+/// The plan as text, appended to the `inspect` report.
+pub fn render_text(plan: &MemoryPlan) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "\nmemory plan (KV cache f16 at ctx {}: {})", plan.ctx, human_bytes(plan.kv_cache_bytes));
+    let _ = writeln!(s, "  embedding     {}", human_bytes(plan.embedding_bytes));
+    let _ = writeln!(
+        s,
+        "  output head   {}{}",
+        human_bytes(plan.output_head_bytes),
+        if plan.output_tied { " (tied to the embedding)" } else { "" }
+    );
+    let min = plan.layer_bytes.iter().copied().min().unwrap_or(0);
+    let _ = writeln!(
+        s,
+        "  layers        {} × {}{}",
+        plan.layer_bytes.len(),
+        human_bytes(plan.largest_layer_bytes),
+        if min != plan.largest_layer_bytes { format!(" (smallest {})", human_bytes(min)) } else { String::new() }
+    );
+    let _ = writeln!(s, "  total weights {}", human_bytes(plan.total_weight_bytes));
+    let _ = writeln!(s, "  {:<16} {:>12} {:>16} {:>12}", "residency", "resident", "streamed/token", "peak");
+    for m in &plan.modes {
+        let _ = writeln!(
+            s,
+            "  {:<16} {:>12} {:>16} {:>12}",
+            m.residency,
+            human_bytes(m.resident_weight_bytes),
+            human_bytes(m.streamed_bytes_per_token),
+            human_bytes(m.peak_bytes)
+        );
+    }
+    if let Some(layer) = &plan.layer {
+        let _ = writeln!(s, "\nlayer {} ({}):", layer.index, human_bytes(layer.bytes));
+        for t in &layer.tensors {
+            let _ = writeln!(
+                s,
+                "  {:<28} {:<8} {:<16} {:>12}",
+                t.name,
+                t.dtype,
+                format!("{:?}", t.shape),
+                human_bytes(t.bytes)
+            );
+        }
+    }
+    s
+}
+
+/// Add the plan to the JSON report as `memory_plan`.
+pub fn attach(report: &mut serde_json::Value, plan: Option<&MemoryPlan>) -> Result<()> {
+    if let (Some(plan), Some(object)) = (plan, report.as_object_mut()) {
+        object.insert("memory_plan".into(), serde_json::to_value(plan)?);
+    }
+    Ok(())
+}

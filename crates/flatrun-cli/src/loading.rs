@@ -1,0 +1,128 @@
+//! Loading a model for a command: friendly checks of the path, a spinner on
+//! a terminal, and the "what was detected" header.
+
+use crate::flags::{human_bytes, residency_name, EngineFlags};
+use anyhow::{bail, Context, Result};
+use flatrun_runtime::{LoadOptions, Model};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A loaded model and how long loading took.
+pub struct Loaded {
+    pub model: Model,
+    pub load_time: Duration,
+    pub options: LoadOptions,
+}
+
+/// Check that `path` looks like a checkpoint before handing it to the runtime.
+pub fn check_model_path(path: &Path) -> Result<()> {
+    if !path.exists() {
+        bail!(
+            "model not found: {}\nhint: pass a .gguf file or a SafeTensors/MLX directory (models are cached in $FLATRUN_MODELS)",
+            path.display()
+        );
+    }
+    if path.is_dir() {
+        let has_weights = std::fs::read_dir(path)
+            .with_context(|| format!("cannot read directory {}", path.display()))?
+            .filter_map(|e| e.ok())
+            .any(|e| {
+                let name = e.file_name().to_string_lossy().to_string();
+                name.ends_with(".safetensors") || name.ends_with(".gguf") || name.ends_with(".safetensors.index.json")
+            });
+        if !has_weights {
+            bail!(
+                "{} holds no weights (no .safetensors or .gguf file)\nhint: point --model at a .gguf file or a directory with model*.safetensors and config.json",
+                path.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A spinner on stderr when it is a terminal (and not quiet).
+pub fn spinner(message: &str, quiet: bool) -> Option<ProgressBar> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::new_spinner();
+    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
+        bar.set_style(style);
+    }
+    bar.set_message(message.to_string());
+    bar.enable_steady_tick(Duration::from_millis(100));
+    Some(bar)
+}
+
+/// Load `path` with `flags`, showing a spinner on a terminal.
+pub fn load(path: &Path, flags: &EngineFlags, quiet: bool) -> Result<Loaded> {
+    check_model_path(path)?;
+    let options = flags.load_options(path)?;
+    let bar = spinner(&format!("loading {}", path.display()), quiet);
+    let started = Instant::now();
+    let result = Model::load(path, options.clone());
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let model = result.map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))?;
+    Ok(Loaded {
+        model,
+        load_time: started.elapsed(),
+        options,
+    })
+}
+
+/// The detection header: format, architecture, layers, tokenizer, template, load time.
+pub fn header(loaded: &Loaded) -> String {
+    let model = &loaded.model;
+    let cfg = model.config();
+    let exec = model.executor();
+    let tokenizer = match model.tokenizer() {
+        Ok(t) => format!("{} ({} tokens)", t.kind(), t.vocab_size()),
+        Err(e) => format!("unavailable ({e})"),
+    };
+    let template = match model.chat_template() {
+        Ok(t) => t.name().to_string(),
+        Err(_) => "none".to_string(),
+    };
+    let plan = exec.residency();
+    format!(
+        "model:     {}\nformat:    {}\narch:      {} ({} layers, width {}, {} heads / {} kv)\ntokenizer: {}\ntemplate:  {}\ncontext:   {} tokens\nresidency: {} ({} resident, {} streamed per token)\nloaded in  {:.2} s",
+        model.path().display(),
+        exec.backend().name(),
+        cfg.arch.name(),
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.n_head,
+        cfg.n_kv_head,
+        tokenizer,
+        template,
+        exec.context_size(),
+        residency_name(loaded.options.residency),
+        human_bytes(plan.resident_bytes),
+        human_bytes(plan.streamed_bytes_per_token),
+        loaded.load_time.as_secs_f64(),
+    )
+}
+
+/// Peak resident set of this process so far.
+pub fn peak_rss() -> u64 {
+    flatrun_runtime::memory::rss().peak
+}
+
+/// Print the profile summary / write the trace, as the flags ask.
+pub fn finish_profile(model: &Model, flags: &EngineFlags) -> Result<()> {
+    let profiler = model.profiler();
+    if flags.profile || flags.profile_detailed {
+        eprintln!("{}", profiler.summary().trim_end());
+    }
+    if let Some(path) = &flags.profile_save {
+        profiler
+            .write_chrome_trace(path)
+            .with_context(|| format!("cannot write the profile to {}", path.display()))?;
+        eprintln!("profile written to {}", path.display());
+    }
+    Ok(())
+}
