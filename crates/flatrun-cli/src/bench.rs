@@ -75,7 +75,12 @@ fn reset_peak_rss() {
 
 /// The residency modes to measure: every `--residency` given, else the automatic one.
 fn modes(args: &BenchArgs) -> Result<Vec<Residency>> {
-    let texts: Vec<&String> = args.engine.residency.iter().filter(|m| !m.trim().is_empty()).collect();
+    let texts: Vec<&String> = args
+        .engine
+        .residency
+        .iter()
+        .filter(|m| !m.trim().is_empty())
+        .collect();
     if texts.is_empty() {
         return Ok(vec![args.engine.residency_for(&args.model)?]);
     }
@@ -113,7 +118,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|i| 100 + (i * 7919) % vocab.saturating_sub(200).max(1))
             .collect();
 
-        let bar = progress(args.repetitions as u64, &format!("bench {}", residency_name(mode)), quiet);
+        let bar = progress(
+            args.repetitions as u64,
+            &format!("bench {}", residency_name(mode)),
+            quiet,
+        );
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         // One untimed warm-up pass faults the weights in.
@@ -149,7 +158,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
         }
         let peak = flatrun_runtime::memory::rss().peak;
         let row = |test: String, tokens: usize, samples: Vec<f64>| BenchRow {
-            model: args.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            model: args
+                .model
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
             residency: residency_name(mode),
             test,
             tokens,

@@ -181,7 +181,9 @@ impl SamplingFlags {
 /// `stream`, `resident` or `cap=SIZE`, with a message that says what to do.
 pub fn parse_residency(text: &str) -> Result<Residency> {
     text.parse::<Residency>().map_err(|e| {
-        anyhow::anyhow!("--residency: {e}\nhint: use stream, resident, or cap=SIZE such as cap=512M or cap=2G")
+        anyhow::anyhow!(
+            "--residency: {e}\nhint: use stream, resident, or cap=SIZE such as cap=512M or cap=2G"
+        )
     })
 }
 
@@ -233,7 +235,9 @@ pub fn available_memory() -> Option<u64> {
 /// otherwise keep half of the available memory's worth of layers.
 pub fn default_residency(model_bytes: u64, available: Option<u64>) -> Residency {
     match available {
-        Some(free) if model_bytes.saturating_mul(10) > free.saturating_mul(6) => Residency::Cap(free / 2),
+        Some(free) if model_bytes.saturating_mul(10) > free.saturating_mul(6) => {
+            Residency::Cap(free / 2)
+        }
         _ => Residency::Resident,
     }
 }

@@ -92,7 +92,11 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         crate::inspect_plan::attach(&mut value, plan.as_ref())?;
         serde_json::to_string_pretty(&value)? + "\n"
     } else {
-        render_text(&report) + &plan.as_ref().map(crate::inspect_plan::render_text).unwrap_or_default()
+        render_text(&report)
+            + &plan
+                .as_ref()
+                .map(crate::inspect_plan::render_text)
+                .unwrap_or_default()
     };
     // A closed pipe (`flatrun inspect … | head`) is not an error.
     use std::io::Write;

@@ -85,7 +85,10 @@ pub fn plan(path: &Path, layer: Option<usize>) -> Result<Option<MemoryPlan>> {
     };
     let Ok(cfg) = cfg else {
         if layer.is_some() {
-            bail!("--layer needs a model whose architecture flatrun runs ({})", path.display());
+            bail!(
+                "--layer needs a model whose architecture flatrun runs ({})",
+                path.display()
+            );
         }
         return Ok(None);
     };
@@ -96,7 +99,11 @@ pub fn plan(path: &Path, layer: Option<usize>) -> Result<Option<MemoryPlan>> {
         None => None,
         Some(i) => {
             let Some(entry) = manifest.layers.get(i) else {
-                bail!("--layer {i}: the model has {} layers (0..={})", manifest.layers.len(), manifest.layers.len().saturating_sub(1));
+                bail!(
+                    "--layer {i}: the model has {} layers (0..={})",
+                    manifest.layers.len(),
+                    manifest.layers.len().saturating_sub(1)
+                );
             };
             let dtype_of = |name: &str| {
                 backend
@@ -129,10 +136,18 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
     let layer_bytes: Vec<u64> = manifest.layers.iter().map(|l| l.bytes).collect();
     let largest = layer_bytes.iter().copied().max().unwrap_or(0);
     let embedding = manifest.embed.bytes;
-    let head = if manifest.output_tied { 0 } else { manifest.output.bytes };
+    let head = if manifest.output_tied {
+        0
+    } else {
+        manifest.output.bytes
+    };
     let total = embedding + head + layer_bytes.iter().sum::<u64>() + manifest.output_norm.bytes;
     // K and V, f16, for every layer and position.
-    let ctx = if cfg.context_length == 0 { PLAN_CTX_LIMIT } else { cfg.context_length.min(PLAN_CTX_LIMIT) };
+    let ctx = if cfg.context_length == 0 {
+        PLAN_CTX_LIMIT
+    } else {
+        cfg.context_length.min(PLAN_CTX_LIMIT)
+    };
     let kv = (cfg.n_layer * ctx * cfg.n_kv_head * cfg.head_dim * 2 * 2) as u64;
     let in_flight = (1 + PLAN_PREFETCH) * largest;
     let head_chunk = HEAD_CHUNK_BYTES.min(manifest.output.bytes);
@@ -145,14 +160,19 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
             .map(|l| l.bytes)
             .max()
             .unwrap_or(0);
-        let streaming = (1 + PLAN_PREFETCH) * streamed_layer + if p.output_resident { 0 } else { head_chunk };
+        let streaming =
+            (1 + PLAN_PREFETCH) * streamed_layer + if p.output_resident { 0 } else { head_chunk };
         ModePeak {
             residency: residency_name(policy),
             resident_weight_bytes: p.resident_bytes,
             streamed_bytes_per_token: p.streamed_bytes_per_token,
             peak_bytes: match policy {
                 Residency::Resident => total + kv,
-                _ => p.resident_bytes + streaming.max(if p.resident_bytes == 0 { in_flight } else { 0 }) + kv,
+                _ => {
+                    p.resident_bytes
+                        + streaming.max(if p.resident_bytes == 0 { in_flight } else { 0 })
+                        + kv
+                }
             },
         }
     };
@@ -166,7 +186,11 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
         total_weight_bytes: total,
         ctx,
         kv_cache_bytes: kv,
-        modes: vec![mode(Residency::Resident), mode(Residency::Cap(half)), mode(Residency::Stream)],
+        modes: vec![
+            mode(Residency::Resident),
+            mode(Residency::Cap(half)),
+            mode(Residency::Stream),
+        ],
         layer,
     }
 }
@@ -174,13 +198,22 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
 /// The plan as text, appended to the `inspect` report.
 pub fn render_text(plan: &MemoryPlan) -> String {
     let mut s = String::new();
-    let _ = writeln!(s, "\nmemory plan (KV cache f16 at ctx {}: {})", plan.ctx, human_bytes(plan.kv_cache_bytes));
+    let _ = writeln!(
+        s,
+        "\nmemory plan (KV cache f16 at ctx {}: {})",
+        plan.ctx,
+        human_bytes(plan.kv_cache_bytes)
+    );
     let _ = writeln!(s, "  embedding     {}", human_bytes(plan.embedding_bytes));
     let _ = writeln!(
         s,
         "  output head   {}{}",
         human_bytes(plan.output_head_bytes),
-        if plan.output_tied { " (tied to the embedding)" } else { "" }
+        if plan.output_tied {
+            " (tied to the embedding)"
+        } else {
+            ""
+        }
     );
     let min = plan.layer_bytes.iter().copied().min().unwrap_or(0);
     let _ = writeln!(
@@ -188,10 +221,22 @@ pub fn render_text(plan: &MemoryPlan) -> String {
         "  layers        {} × {}{}",
         plan.layer_bytes.len(),
         human_bytes(plan.largest_layer_bytes),
-        if min != plan.largest_layer_bytes { format!(" (smallest {})", human_bytes(min)) } else { String::new() }
+        if min != plan.largest_layer_bytes {
+            format!(" (smallest {})", human_bytes(min))
+        } else {
+            String::new()
+        }
     );
-    let _ = writeln!(s, "  total weights {}", human_bytes(plan.total_weight_bytes));
-    let _ = writeln!(s, "  {:<16} {:>12} {:>16} {:>12}", "residency", "resident", "streamed/token", "peak");
+    let _ = writeln!(
+        s,
+        "  total weights {}",
+        human_bytes(plan.total_weight_bytes)
+    );
+    let _ = writeln!(
+        s,
+        "  {:<16} {:>12} {:>16} {:>12}",
+        "residency", "resident", "streamed/token", "peak"
+    );
     for m in &plan.modes {
         let _ = writeln!(
             s,

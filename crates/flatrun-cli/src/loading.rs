@@ -30,7 +30,9 @@ pub fn check_model_path(path: &Path) -> Result<()> {
             .filter_map(|e| e.ok())
             .any(|e| {
                 let name = e.file_name().to_string_lossy().to_string();
-                name.ends_with(".safetensors") || name.ends_with(".gguf") || name.ends_with(".safetensors.index.json")
+                name.ends_with(".safetensors")
+                    || name.ends_with(".gguf")
+                    || name.ends_with(".safetensors.index.json")
             });
         if !has_weights {
             bail!(

@@ -9,7 +9,6 @@
 use anyhow::Result;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
-
 mod bench;
 mod chat;
 mod flags;
@@ -74,9 +73,10 @@ fn dispatch(cli: Cli, explicit: &[&str]) -> Result<()> {
 /// The command line with `run` inserted when it starts with a flag other
 /// than help/version: `flatrun --model M ...` is `flatrun run --model M ...`.
 fn with_default_command(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
-    let starts_with_flag = args.get(1).and_then(|a| a.to_str()).is_some_and(|a| {
-        a.starts_with('-') && !matches!(a, "-h" | "--help" | "-V" | "--version")
-    });
+    let starts_with_flag = args
+        .get(1)
+        .and_then(|a| a.to_str())
+        .is_some_and(|a| a.starts_with('-') && !matches!(a, "-h" | "--help" | "-V" | "--version"));
     if starts_with_flag {
         args.insert(1, "run".into());
     }
@@ -84,7 +84,8 @@ fn with_default_command(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsSt
 }
 
 fn main() -> std::process::ExitCode {
-    let matches = Cli::command().get_matches_from(with_default_command(std::env::args_os().collect()));
+    let matches =
+        Cli::command().get_matches_from(with_default_command(std::env::args_os().collect()));
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -94,8 +95,7 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             // Closing the pipe we write to (`flatrun ... | head`) is not an error.
-            if e
-                .downcast_ref::<std::io::Error>()
+            if e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
             {
                 return std::process::ExitCode::SUCCESS;

@@ -2,11 +2,11 @@
 //! dumping the logits of every evaluated position and a profile.
 
 use anyhow::{Context, Result};
+use flatrun_runtime::model::Session;
 use flatrun_runtime::{
     BackendKind, ChatMessage, KvType, LoadOptions, Model, Prefetch, Residency, SamplingParams,
     StepOptions,
 };
-use flatrun_runtime::model::Session;
 use std::io::Write;
 use std::path::PathBuf;
 

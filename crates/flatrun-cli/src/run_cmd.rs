@@ -85,7 +85,7 @@ fn prompt_text(cmd: &RunCommand) -> Result<String> {
 pub fn run(cmd: RunCommand) -> Result<()> {
     let text = prompt_text(&cmd)?;
     if cmd.dump_logits.is_some() {
-        return crate::run::run(legacy_args(&cmd, text));
+        return crate::run::run(legacy_args(&cmd, text)?);
     }
     let quiet = cmd.output.quiet || cmd.json;
     let sampling = cmd.sampling.params()?;
@@ -150,7 +150,10 @@ pub fn run(cmd: RunCommand) -> Result<()> {
         writeln!(out)?;
         out.flush()?;
         if stats.finish_reason == "context" {
-            eprintln!("[stopped: the context of {} tokens is full; raise --ctx]", model.executor().context_size());
+            eprintln!(
+                "[stopped: the context of {} tokens is full; raise --ctx]",
+                model.executor().context_size()
+            );
         }
         if !cmd.output.quiet {
             eprintln!("{}", stats.summary_line(peak));
@@ -159,24 +162,59 @@ pub fn run(cmd: RunCommand) -> Result<()> {
     finish_profile(model, &cmd.engine)
 }
 
-/// The runtime's `run` arguments for the logits-dumping path.
-fn legacy_args(cmd: &RunCommand, prompt: String) -> crate::run::RunArgs {
-    let e = &cmd.engine;
-    crate::run::RunArgs {
-        model: cmd.model.clone(),
-        prompt,
-        max_new: cmd.max_new,
-        residency: e.residency.last().cloned().unwrap_or_else(|| "resident".into()),
-        backend: e.backend.clone(),
-        threads: e.threads,
-        chat: cmd.chat,
-        dump_logits: cmd.dump_logits.clone(),
-        ctx: e.ctx,
-        kv_type: e.kv_type.clone(),
-        prefetch: e.prefetch,
-        temperature: cmd.sampling.temperature,
-        seed: cmd.sampling.seed,
-        profile: e.profile,
-        profile_save: e.profile_save.clone(),
+/// The runtime's `run` arguments for the logits-dumping path, parsed from
+/// the equivalent command line (so flags it adds later keep their defaults).
+fn legacy_args(cmd: &RunCommand, prompt: String) -> Result<crate::run::RunArgs> {
+    #[derive(clap::Parser)]
+    struct Legacy {
+        #[command(flatten)]
+        args: crate::run::RunArgs,
     }
+    let e = &cmd.engine;
+    let mut argv: Vec<std::ffi::OsString> =
+        vec!["run".into(), "--model".into(), cmd.model.clone().into()];
+    let mut flag = |name: &str, value: String| {
+        argv.push(format!("--{name}").into());
+        argv.push(value.into());
+    };
+    flag("prompt", prompt);
+    flag("max-new", cmd.max_new.to_string());
+    flag(
+        "residency",
+        e.residency
+            .last()
+            .cloned()
+            .unwrap_or_else(|| "resident".into()),
+    );
+    flag("backend", e.backend.clone());
+    flag("kv-type", e.kv_type.clone());
+    flag("prefetch", e.prefetch.to_string());
+    flag("temperature", cmd.sampling.temperature.to_string());
+    if let Some(threads) = e.threads {
+        flag("threads", threads.to_string());
+    }
+    if let Some(ctx) = e.ctx {
+        flag("ctx", ctx.to_string());
+    }
+    if let Some(seed) = cmd.sampling.seed {
+        flag("seed", seed.to_string());
+    }
+    if let Some(path) = &cmd.dump_logits {
+        argv.push("--dump-logits".into());
+        argv.push(path.clone().into());
+    }
+    if let Some(path) = &e.profile_save {
+        argv.push("--profile-save".into());
+        argv.push(path.clone().into());
+    }
+    if cmd.chat {
+        argv.push("--chat".into());
+    }
+    if e.profile {
+        argv.push("--profile".into());
+    }
+    use clap::Parser;
+    Ok(Legacy::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("{e}"))?
+        .args)
 }

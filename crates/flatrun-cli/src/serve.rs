@@ -15,8 +15,8 @@ use flatrun_model::chat_template::{ChatMessage as TemplateMessage, ChatTemplate}
 use flatrun_runtime::{Model, Sequence, StepOptions, Tokenizer};
 use flatrun_server::engine::ChatMessage;
 use flatrun_server::{
-    BatchEngine, BatchModel, Engine, ModelError, Residency, SamplingParams, SeqId, ServeArgs, StepInput,
-    TextModel,
+    BatchEngine, BatchModel, Engine, ModelError, Residency, SamplingParams, SeqId, ServeArgs,
+    StepInput, TextModel,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -94,7 +94,12 @@ impl TextModel for RuntimeText {
             .map(|m| TemplateMessage::new(m.role.as_str(), m.content.clone()))
             .collect();
         template
-            .render(&messages, true, &self.piece(self.tokenizer.bos()), &self.piece(self.tokenizer.eos()))
+            .render(
+                &messages,
+                true,
+                &self.piece(self.tokenizer.bos()),
+                &self.piece(self.tokenizer.eos()),
+            )
             .map_err(|e| ModelError(e.to_string()))
     }
     fn is_end_of_generation(&self, token: u32) -> bool {
@@ -155,7 +160,13 @@ impl BatchModel for RuntimeBatchModel {
         Ok(outputs
             .into_iter()
             .zip(batch)
-            .map(|(out, input)| if input.logits_needed { out.logits } else { Vec::new() })
+            .map(|(out, input)| {
+                if input.logits_needed {
+                    out.logits
+                } else {
+                    Vec::new()
+                }
+            })
             .collect())
     }
 
@@ -206,12 +217,15 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
         .build()?;
     let address = format!("{}:{}", config.host, config.port);
     runtime.block_on(async move {
-        let server = flatrun_server::Server::bind(config)
-            .await
-            .map_err(|e| anyhow!("{e}\nhint: pick another --port (0 = any free port) or stop the other server"))?;
+        let server = flatrun_server::Server::bind(config).await.map_err(|e| {
+            anyhow!("{e}\nhint: pick another --port (0 = any free port) or stop the other server")
+        })?;
         let bound = server.local_addr().map_err(|e| anyhow!("{e}"))?;
         // Tests read this line to learn the port.
-        eprintln!("listening on http://{bound} (loading {})", model_path.display());
+        eprintln!(
+            "listening on http://{bound} (loading {})",
+            model_path.display()
+        );
         let slot = server.engine_slot();
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
         tokio::task::spawn_blocking(move || {
@@ -221,7 +235,10 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
                 }
                 let residency = residency_name(loaded.options.residency);
                 let engine = engine(loaded.model, scheduler)?;
-                eprintln!("ready: model `{}`, residency {residency}", engine.model_name());
+                eprintln!(
+                    "ready: model `{}`, residency {residency}",
+                    engine.model_name()
+                );
                 Ok(engine)
             });
             match result {
@@ -241,7 +258,10 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
                 },
             }
         };
-        server.run_until(stop).await.map_err(|e| anyhow!("serving on {address}: {e}"))?;
+        server
+            .run_until(stop)
+            .await
+            .map_err(|e| anyhow!("serving on {address}: {e}"))?;
         if let Ok(message) = error_rx.try_recv() {
             return Err(anyhow!(message));
         }

@@ -50,14 +50,19 @@ struct TokenizeResult {
 /// The tokenizer and chat template of a checkpoint, without its weights.
 fn open_tokenizer(path: &Path, with_template: bool) -> Result<(Tokenizer, Option<ChatTemplate>)> {
     check_model_path(path)?;
-    let backend = flatrun_format::open(path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))?;
+    let backend =
+        flatrun_format::open(path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))?;
     let unsupported = |e: String| anyhow!("{}: {e}", path.display());
     if backend.name() == "gguf" {
         let md = backend.metadata();
-        let tokenizer = Tokenizer::from_gguf_metadata(md).map_err(|e| unsupported(e.to_string()))?;
+        let tokenizer =
+            Tokenizer::from_gguf_metadata(md).map_err(|e| unsupported(e.to_string()))?;
         let template = if with_template {
             let cfg = ModelConfig::from_gguf(md).map_err(|e| unsupported(e.to_string()))?;
-            Some(ChatTemplate::from_gguf_metadata(md, cfg.arch.name()).map_err(|e| unsupported(e.to_string()))?)
+            Some(
+                ChatTemplate::from_gguf_metadata(md, cfg.arch.name())
+                    .map_err(|e| unsupported(e.to_string()))?,
+            )
         } else {
             None
         };
@@ -69,8 +74,12 @@ fn open_tokenizer(path: &Path, with_template: bool) -> Result<(Tokenizer, Option
             .ok_or_else(|| anyhow!("{}: no directory with tokenizer.json", path.display()))?;
         let tokenizer = Tokenizer::from_hf_dir(&dir).map_err(|e| unsupported(e.to_string()))?;
         let template = if with_template {
-            let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json")).map_err(|e| unsupported(e.to_string()))?;
-            Some(ChatTemplate::from_hf_dir(&dir, cfg.arch.name()).map_err(|e| unsupported(e.to_string()))?)
+            let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))
+                .map_err(|e| unsupported(e.to_string()))?;
+            Some(
+                ChatTemplate::from_hf_dir(&dir, cfg.arch.name())
+                    .map_err(|e| unsupported(e.to_string()))?,
+            )
         } else {
             None
         };
@@ -92,7 +101,12 @@ pub fn run(args: &TokenizeArgs) -> Result<()> {
                 .unwrap_or_default()
         };
         text = template
-            .render(&[ChatMessage::new("user", text)], true, &piece(tokenizer.bos()), &piece(tokenizer.eos()))
+            .render(
+                &[ChatMessage::new("user", text)],
+                true,
+                &piece(tokenizer.bos()),
+                &piece(tokenizer.eos()),
+            )
             .map_err(|e| anyhow!("chat template: {e}"))?;
     }
     let special = !args.no_special;
@@ -107,7 +121,11 @@ pub fn run(args: &TokenizeArgs) -> Result<()> {
     let mut out = stdout.lock();
     if args.json {
         let count = ids.len();
-        writeln!(out, "{}", serde_json::to_string(&TokenizeResult { ids, pieces, count })?)?;
+        writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&TokenizeResult { ids, pieces, count })?
+        )?;
     } else if args.ids {
         let list: Vec<String> = ids.iter().map(u32::to_string).collect();
         writeln!(out, "[{}]", list.join(", "))?;

@@ -23,14 +23,34 @@ impl Tmux {
             session: name.to_string(),
         };
         let ok = Command::new("tmux")
-            .args(["-L", &tmux.socket, "new-session", "-d", "-s", name, "-x", "160", "-y", "50", command])
+            .args([
+                "-L",
+                &tmux.socket,
+                "new-session",
+                "-d",
+                "-s",
+                name,
+                "-x",
+                "160",
+                "-y",
+                "50",
+                command,
+            ])
             .status()
             .expect("run tmux")
             .success();
         assert!(ok, "tmux new-session failed");
         // Keep the pane after the command exits, to see how it ended.
         let _ = Command::new("tmux")
-            .args(["-L", &tmux.socket, "set-option", "-t", name, "remain-on-exit", "on"])
+            .args([
+                "-L",
+                &tmux.socket,
+                "set-option",
+                "-t",
+                name,
+                "remain-on-exit",
+                "on",
+            ])
             .status();
         tmux
     }
@@ -52,7 +72,17 @@ impl Tmux {
 
     fn screen(&self) -> String {
         let out = Command::new("tmux")
-            .args(["-L", &self.socket, "capture-pane", "-p", "-J", "-S", "-200", "-t", &self.session])
+            .args([
+                "-L",
+                &self.socket,
+                "capture-pane",
+                "-p",
+                "-J",
+                "-S",
+                "-200",
+                "-t",
+                &self.session,
+            ])
             .output()
             .expect("tmux capture-pane");
         String::from_utf8_lossy(&out.stdout).into_owned()
@@ -60,7 +90,15 @@ impl Tmux {
 
     fn pane_dead(&self) -> bool {
         let out = Command::new("tmux")
-            .args(["-L", &self.socket, "display-message", "-p", "-t", &self.session, "#{pane_dead}"])
+            .args([
+                "-L",
+                &self.socket,
+                "display-message",
+                "-p",
+                "-t",
+                &self.session,
+                "#{pane_dead}",
+            ])
             .output()
             .expect("tmux display-message");
         String::from_utf8_lossy(&out.stdout).trim() == "1"
@@ -94,16 +132,23 @@ impl Tmux {
 
 impl Drop for Tmux {
     fn drop(&mut self) {
-        let _ = Command::new("tmux").args(["-L", &self.socket, "kill-server"]).status();
+        let _ = Command::new("tmux")
+            .args(["-L", &self.socket, "kill-server"])
+            .status();
     }
 }
 
 fn prompts(screen: &str) -> usize {
-    screen.lines().filter(|l| l.starts_with(">>> ")).count() + screen.lines().filter(|l| l.trim_end() == ">>>").count()
+    screen.lines().filter(|l| l.starts_with(">>> ")).count()
+        + screen.lines().filter(|l| l.trim_end() == ">>>").count()
 }
 
 fn tmux_available() -> bool {
-    if Command::new("tmux").arg("-V").output().is_ok_and(|o| o.status.success()) {
+    if Command::new("tmux")
+        .arg("-V")
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
         return true;
     }
     if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
@@ -123,12 +168,16 @@ fn chat_command(model: &Path, max_new: usize) -> String {
 
 #[test]
 fn chat_session_in_a_terminal() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = common::smollm2() else {
+        return;
+    };
     if !tmux_available() {
         return;
     }
     let tmux = Tmux::start("chat", &chat_command(&model, 200));
-    tmux.wait_for("the first prompt", 120, |s| prompts(s) >= 1 && s.contains("loaded in"));
+    tmux.wait_for("the first prompt", 120, |s| {
+        prompts(s) >= 1 && s.contains("loaded in")
+    });
 
     // A turn: the answer appears and a new prompt follows.
     tmux.line("What is the capital of France? Answer in one word.");
@@ -141,7 +190,9 @@ fn chat_session_in_a_terminal() {
 
     // Multi-line input: a trailing backslash continues the line.
     tmux.line("Repeat after me: one \\");
-    tmux.wait_for("the continuation prompt", 20, |s| s.lines().any(|l| l.starts_with("... ")));
+    tmux.wait_for("the continuation prompt", 20, |s| {
+        s.lines().any(|l| l.starts_with("... "))
+    });
     tmux.line("two");
     tmux.wait_for("the multi-line answer", 120, |s| prompts(s) >= 4);
 
@@ -154,14 +205,18 @@ fn chat_session_in_a_terminal() {
     tmux.line("Write a very long story about a dragon who learns to cook, with many chapters.");
     std::thread::sleep(Duration::from_millis(700));
     tmux.send(&["C-c"]);
-    let screen = tmux.wait_for("the stopped answer", 120, |s| prompts(s) >= 6 && s.contains("[stopped]"));
+    let screen = tmux.wait_for("the stopped answer", 120, |s| {
+        prompts(s) >= 6 && s.contains("[stopped]")
+    });
     assert!(!tmux.pane_dead(), "Ctrl-C ended the session:\n{screen}");
 
     // /reset forgets the conversation.
     tmux.line("/reset");
     tmux.wait_for("/reset", 20, |s| s.contains("(conversation cleared)"));
     tmux.line("/stats");
-    tmux.wait_for("history after /reset", 20, |s| s.contains("history 0 messages"));
+    tmux.wait_for("history after /reset", 20, |s| {
+        s.contains("history 0 messages")
+    });
 
     // `exit` leaves.
     tmux.line("exit");
@@ -170,7 +225,9 @@ fn chat_session_in_a_terminal() {
 
 #[test]
 fn chat_leaves_on_ctrl_d() {
-    let Some(model) = common::smollm2() else { return };
+    let Some(model) = common::smollm2() else {
+        return;
+    };
     if !tmux_available() {
         return;
     }

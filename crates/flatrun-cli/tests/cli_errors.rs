@@ -21,40 +21,93 @@ fn help_lists_every_command() {
     let out = flatrun().arg("--help").output().unwrap();
     let text = common::stdout_of(&out);
     for command in ["run", "chat", "bench", "inspect", "tokenize", "serve"] {
-        assert!(text.contains(command), "`{command}` missing from --help:\n{text}");
+        assert!(
+            text.contains(command),
+            "`{command}` missing from --help:\n{text}"
+        );
     }
 }
 
 #[test]
 fn help_of_each_command_shows_its_flags_and_defaults() {
     let shared = [
-        "--backend", "--threads", "--ctx", "--residency", "--prefetch", "--kv-type", "--weights", "--layers",
-        "--profile", "--profile-detailed", "--profile-save", "--trace-memory", "--verbose", "--quiet",
+        "--backend",
+        "--threads",
+        "--ctx",
+        "--residency",
+        "--prefetch",
+        "--kv-type",
+        "--weights",
+        "--layers",
+        "--profile",
+        "--profile-detailed",
+        "--profile-save",
+        "--trace-memory",
+        "--verbose",
+        "--quiet",
     ];
-    let sampling = ["--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--seed", "--stop"];
+    let sampling = [
+        "--temperature",
+        "--top-k",
+        "--top-p",
+        "--min-p",
+        "--repeat-penalty",
+        "--seed",
+        "--stop",
+    ];
     for command in ["run", "chat", "bench", "serve"] {
         let out = flatrun().args(["help", command]).output().unwrap();
         assert!(out.status.success());
         let text = common::stdout_of(&out);
         for flag in shared {
-            assert!(text.contains(flag), "{flag} missing from `flatrun help {command}`");
+            assert!(
+                text.contains(flag),
+                "{flag} missing from `flatrun help {command}`"
+            );
         }
         if command != "bench" {
             for flag in sampling {
-                assert!(text.contains(flag), "{flag} missing from `flatrun help {command}`");
+                assert!(
+                    text.contains(flag),
+                    "{flag} missing from `flatrun help {command}`"
+                );
             }
         }
-        assert!(text.contains("[default: native]"), "no defaults in `flatrun help {command}`");
+        assert!(
+            text.contains("[default: native]"),
+            "no defaults in `flatrun help {command}`"
+        );
     }
     let out = flatrun().args(["help", "serve"]).output().unwrap();
     let text = common::stdout_of(&out);
-    for flag in ["--port", "--host", "--api-key", "--max-seqs", "[default: 8080]", "[default: 127.0.0.1]"] {
-        assert!(text.contains(flag), "{flag} missing from `flatrun help serve`");
+    for flag in [
+        "--port",
+        "--host",
+        "--api-key",
+        "--max-seqs",
+        "[default: 8080]",
+        "[default: 127.0.0.1]",
+    ] {
+        assert!(
+            text.contains(flag),
+            "{flag} missing from `flatrun help serve`"
+        );
     }
     let out = flatrun().args(["help", "bench"]).output().unwrap();
     let text = common::stdout_of(&out);
-    for flag in ["-p", "-n", "-r", "--json", "[default: 128]", "[default: 64]", "[default: 3]"] {
-        assert!(text.contains(flag), "{flag} missing from `flatrun help bench`");
+    for flag in [
+        "-p",
+        "-n",
+        "-r",
+        "--json",
+        "[default: 128]",
+        "[default: 64]",
+        "[default: 3]",
+    ] {
+        assert!(
+            text.contains(flag),
+            "{flag} missing from `flatrun help bench`"
+        );
     }
     for command in ["inspect", "tokenize"] {
         flatrun().args(["help", command]).assert().success();
@@ -67,19 +120,46 @@ fn assert_short_error(args: &[&str], needle: &str) {
     assert_eq!(out.status.code(), Some(1), "{args:?}: {}", stderr_of(&out));
     let err = stderr_of(&out);
     assert!(err.starts_with("error: "), "{args:?}: {err}");
-    assert!(err.trim_end().lines().count() <= 2, "{args:?}: more than two lines:\n{err}");
+    assert!(
+        err.trim_end().lines().count() <= 2,
+        "{args:?}: more than two lines:\n{err}"
+    );
     assert!(err.contains(needle), "{args:?}: `{needle}` not in:\n{err}");
-    assert!(!err.contains("stack backtrace"), "{args:?}: backtrace:\n{err}");
+    assert!(
+        !err.contains("stack backtrace"),
+        "{args:?}: backtrace:\n{err}"
+    );
     assert!(out.stdout.is_empty(), "{args:?}: wrote to stdout");
 }
 
 #[test]
 fn missing_model_file() {
-    assert_short_error(&["--model", "/nonexistent/model.gguf", "--prompt", "hi"], "model not found");
-    assert_short_error(&["chat", "--model", "/nonexistent/model.gguf"], "model not found");
-    assert_short_error(&["bench", "--model", "/nonexistent/model.gguf"], "model not found");
-    assert_short_error(&["tokenize", "--model", "/nonexistent/model.gguf", "--text", "x"], "model not found");
-    assert_short_error(&["serve", "--model", "/nonexistent/model.gguf", "--port", "0"], "model not found");
+    assert_short_error(
+        &["--model", "/nonexistent/model.gguf", "--prompt", "hi"],
+        "model not found",
+    );
+    assert_short_error(
+        &["chat", "--model", "/nonexistent/model.gguf"],
+        "model not found",
+    );
+    assert_short_error(
+        &["bench", "--model", "/nonexistent/model.gguf"],
+        "model not found",
+    );
+    assert_short_error(
+        &[
+            "tokenize",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--text",
+            "x",
+        ],
+        "model not found",
+    );
+    assert_short_error(
+        &["serve", "--model", "/nonexistent/model.gguf", "--port", "0"],
+        "model not found",
+    );
 }
 
 #[test]
@@ -87,7 +167,10 @@ fn directory_without_weights() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("README.md"), "nothing here").unwrap();
     let path = dir.path().to_str().unwrap();
-    assert_short_error(&["run", "--model", path, "--prompt", "hi"], "holds no weights");
+    assert_short_error(
+        &["run", "--model", path, "--prompt", "hi"],
+        "holds no weights",
+    );
 }
 
 #[test]
@@ -95,7 +178,10 @@ fn not_a_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("bad.gguf");
     std::fs::write(&file, b"this is not a gguf file at all, just text").unwrap();
-    assert_short_error(&["run", "--model", file.to_str().unwrap(), "--prompt", "hi"], "cannot load");
+    assert_short_error(
+        &["run", "--model", file.to_str().unwrap(), "--prompt", "hi"],
+        "cannot load",
+    );
 }
 
 #[test]
@@ -104,20 +190,66 @@ fn bad_flag_values() {
     let file = dir.path().join("m.gguf");
     std::fs::write(&file, b"x").unwrap();
     let m = file.to_str().unwrap();
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--residency", "sometimes"], "--residency");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--residency", "cap=lots"], "--residency");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--temperature", "-1"], "--temperature");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--top-p", "0"], "--top-p");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--weights", "f16"], "not supported yet");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--layers", "0-3"], "not supported yet");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--layers", "3-1"], "--layers");
-    assert_short_error(&["run", "--model", m, "--prompt", "hi", "--threads", "0"], "--threads");
+    assert_short_error(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--residency",
+            "sometimes",
+        ],
+        "--residency",
+    );
+    assert_short_error(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--residency",
+            "cap=lots",
+        ],
+        "--residency",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--temperature", "-1"],
+        "--temperature",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--top-p", "0"],
+        "--top-p",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--weights", "f16"],
+        "not supported yet",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--layers", "0-3"],
+        "not supported yet",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--layers", "3-1"],
+        "--layers",
+    );
+    assert_short_error(
+        &["run", "--model", m, "--prompt", "hi", "--threads", "0"],
+        "--threads",
+    );
     assert_short_error(&["bench", "--model", m, "-r", "0"], "--repetitions");
     // Values clap itself rejects exit with 2 and name the flag.
-    let out = flatrun().args(["run", "--model", m, "--backend", "gpu"]).output().unwrap();
+    let out = flatrun()
+        .args(["run", "--model", m, "--backend", "gpu"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("--backend"));
-    let out = flatrun().args(["run", "--model", m, "--max-new", "many"]).output().unwrap();
+    let out = flatrun()
+        .args(["run", "--model", m, "--max-new", "many"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let out = flatrun().args(["run", "--no-such-flag"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -125,7 +257,10 @@ fn bad_flag_values() {
 
 #[test]
 fn tokenize_needs_an_input() {
-    let out = flatrun().args(["tokenize", "--model", "x.gguf"]).output().unwrap();
+    let out = flatrun()
+        .args(["tokenize", "--model", "x.gguf"])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("--text"));
 }

@@ -18,24 +18,56 @@ fn default_command_streams_text_and_reports_on_stderr() {
     let err = stderr_of(&out);
     assert!(out.status.success(), "{err}");
     // Everything but the text goes to stderr.
-    for needle in ["format:    gguf", "arch:      llama", "30 layers", "tokenizer: ", "49152 tokens", "template:  ", "loaded in"] {
+    for needle in [
+        "format:    gguf",
+        "arch:      llama",
+        "30 layers",
+        "tokenizer: ",
+        "49152 tokens",
+        "template:  ",
+        "loaded in",
+    ] {
         assert!(err.contains(needle), "`{needle}` not in stderr:\n{err}");
     }
     let summary = err.lines().last().unwrap_or_default();
-    for needle in ["prompt ", "generated 6 tok", "prefill ", "decode ", "tok/s", "peak RSS"] {
-        assert!(summary.contains(needle), "`{needle}` not in the summary: {summary}");
+    for needle in [
+        "prompt ",
+        "generated 6 tok",
+        "prefill ",
+        "decode ",
+        "tok/s",
+        "peak RSS",
+    ] {
+        assert!(
+            summary.contains(needle),
+            "`{needle}` not in the summary: {summary}"
+        );
     }
     let text = stdout_of(&out);
     assert!(!text.trim().is_empty());
-    assert!(!text.contains("loaded in") && !text.contains("tok/s"), "metadata on stdout: {text}");
+    assert!(
+        !text.contains("loaded in") && !text.contains("tok/s"),
+        "metadata on stdout: {text}"
+    );
 }
 
 #[test]
 fn run_subcommand_equals_default_and_is_deterministic() {
     let Some(model) = smollm2() else { return };
     let args = ["--prompt", "Once upon a time", "--max-new", "8", "-q"];
-    let a = flatrun().arg("run").arg("--model").arg(&model).args(args).output().unwrap();
-    let b = flatrun().arg("--model").arg(&model).args(args).output().unwrap();
+    let a = flatrun()
+        .arg("run")
+        .arg("--model")
+        .arg(&model)
+        .args(args)
+        .output()
+        .unwrap();
+    let b = flatrun()
+        .arg("--model")
+        .arg(&model)
+        .args(args)
+        .output()
+        .unwrap();
     assert!(a.status.success(), "{}", stderr_of(&a));
     assert_eq!(stdout_of(&a), stdout_of(&b));
     // -q: nothing but the text.
@@ -48,7 +80,16 @@ fn json_result() {
     let out = flatrun()
         .arg("--model")
         .arg(&model)
-        .args(["--prompt", "What is 2+2?", "--chat", "--system", "You are brief.", "--max-new", "5", "--json"])
+        .args([
+            "--prompt",
+            "What is 2+2?",
+            "--chat",
+            "--system",
+            "You are brief.",
+            "--max-new",
+            "5",
+            "--json",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
@@ -66,12 +107,31 @@ fn json_result() {
 fn prompt_from_stdin_and_file() {
     let Some(model) = smollm2() else { return };
     let base = ["--max-new", "6", "-q"];
-    let flag = flatrun().arg("--model").arg(&model).args(base).args(["--prompt", "Hello there"]).output().unwrap();
-    let piped = flatrun().arg("--model").arg(&model).args(base).write_stdin("Hello there").output().unwrap();
+    let flag = flatrun()
+        .arg("--model")
+        .arg(&model)
+        .args(base)
+        .args(["--prompt", "Hello there"])
+        .output()
+        .unwrap();
+    let piped = flatrun()
+        .arg("--model")
+        .arg(&model)
+        .args(base)
+        .write_stdin("Hello there")
+        .output()
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("prompt.txt");
     std::fs::write(&file, "Hello there").unwrap();
-    let from_file = flatrun().arg("--model").arg(&model).args(base).arg("--prompt-file").arg(&file).output().unwrap();
+    let from_file = flatrun()
+        .arg("--model")
+        .arg(&model)
+        .args(base)
+        .arg("--prompt-file")
+        .arg(&file)
+        .output()
+        .unwrap();
     assert!(flag.status.success() && piped.status.success() && from_file.status.success());
     assert_eq!(stdout_of(&flag), stdout_of(&piped));
     assert_eq!(stdout_of(&flag), stdout_of(&from_file));
@@ -104,8 +164,27 @@ fn sampling_flags_and_stop() {
         let out = flatrun()
             .arg("--model")
             .arg(&model)
-            .args(["--prompt", "My favourite food is", "--max-new", "8", "-q", "--temperature", "0.9"])
-            .args(["--top-k", "40", "--top-p", "0.95", "--min-p", "0.02", "--repeat-penalty", "1.1", "--seed", seed])
+            .args([
+                "--prompt",
+                "My favourite food is",
+                "--max-new",
+                "8",
+                "-q",
+                "--temperature",
+                "0.9",
+            ])
+            .args([
+                "--top-k",
+                "40",
+                "--top-p",
+                "0.95",
+                "--min-p",
+                "0.02",
+                "--repeat-penalty",
+                "1.1",
+                "--seed",
+                seed,
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", stderr_of(&out));
@@ -124,11 +203,23 @@ fn sampling_flags_and_stop() {
     let stopped = flatrun()
         .arg("--model")
         .arg(&model)
-        .args(["--prompt", "Count: 1, 2, 3,", "--max-new", "12", "-q", "--stop", &word])
+        .args([
+            "--prompt",
+            "Count: 1, 2, 3,",
+            "--max-new",
+            "12",
+            "-q",
+            "--stop",
+            &word,
+        ])
         .output()
         .unwrap();
     assert!(stopped.status.success());
-    assert!(!stdout_of(&stopped).contains(&word), "stop `{word}` not honoured: {}", stdout_of(&stopped));
+    assert!(
+        !stdout_of(&stopped).contains(&word),
+        "stop `{word}` not honoured: {}",
+        stdout_of(&stopped)
+    );
 }
 
 #[test]
@@ -139,13 +230,22 @@ fn profile_flags() {
     let out = flatrun()
         .arg("--model")
         .arg(&model)
-        .args(["--prompt", "Hi", "--max-new", "3", "--profile", "--trace-memory", "--profile-save"])
+        .args([
+            "--prompt",
+            "Hi",
+            "--max-new",
+            "3",
+            "--profile",
+            "--trace-memory",
+            "--profile-save",
+        ])
         .arg(&trace)
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert!(stderr_of(&out).contains("profile written to"));
-    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("Chrome trace JSON");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&trace).unwrap()).expect("Chrome trace JSON");
     assert!(json.is_object() || json.is_array());
 }
 
@@ -155,13 +255,29 @@ fn context_overflow_is_a_clear_error() {
     let out = flatrun()
         .arg("--model")
         .arg(&model)
-        .args(["--ctx", "8", "--max-new", "4", "--prompt", "one two three four five six seven eight nine ten eleven twelve"])
+        .args([
+            "--ctx",
+            "8",
+            "--max-new",
+            "4",
+            "--prompt",
+            "one two three four five six seven eight nine ten eleven twelve",
+        ])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = stderr_of(&out);
-    let last = err.trim_end().lines().rev().take(2).collect::<Vec<_>>().join("\n");
-    assert!(last.contains("context overflow") && last.contains("--ctx"), "{err}");
+    let last = err
+        .trim_end()
+        .lines()
+        .rev()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(
+        last.contains("context overflow") && last.contains("--ctx"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -173,7 +289,15 @@ fn logits_dump_still_works() {
         .arg("run")
         .arg("--model")
         .arg(&model)
-        .args(["--prompt", "Hi", "--max-new", "2", "--residency", "stream", "--dump-logits"])
+        .args([
+            "--prompt",
+            "Hi",
+            "--max-new",
+            "2",
+            "--residency",
+            "stream",
+            "--dump-logits",
+        ])
         .arg(&npy)
         .output()
         .unwrap();

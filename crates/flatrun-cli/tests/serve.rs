@@ -31,7 +31,14 @@ impl Server {
             .arg("serve")
             .arg("--model")
             .arg(model)
-            .args(["--port", "0", "--api-key", API_KEY, "--max-body", &MAX_BODY.to_string()])
+            .args([
+                "--port",
+                "0",
+                "--api-key",
+                API_KEY,
+                "--max-body",
+                &MAX_BODY.to_string(),
+            ])
             .args(["--ctx", &CONTEXT.to_string(), "--max-seqs", "4", "-q"])
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -58,7 +65,11 @@ impl Server {
     /// Status code of a GET.
     fn get_status(&self, path: &str) -> Option<u16> {
         let mut socket = TcpStream::connect(&self.address).ok()?;
-        write!(socket, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+        write!(
+            socket,
+            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        )
+        .ok()?;
         let mut response = String::new();
         socket.read_to_string(&mut response).ok()?;
         response.split_whitespace().nth(1)?.parse().ok()
@@ -70,20 +81,27 @@ impl Server {
             match self.get_status("/health") {
                 Some(200) => return,
                 // 503 while loading.
-                Some(503) | None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                Some(503) | None if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(100))
+                }
                 other => panic!("/health answered {other:?}"),
             }
         }
     }
 
     fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             if let Ok(Some(status)) = self.child.try_wait() {
                 return status;
             }
-            assert!(Instant::now() < deadline, "flatrun serve did not stop on SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "flatrun serve did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
@@ -99,14 +117,23 @@ impl Drop for Server {
 #[test]
 fn official_sdks_against_flatrun_serve() {
     let Some(model) = smollm2() else { return };
-    let Some(python) = python_with("openai, anthropic") else { return };
+    let Some(python) = python_with("openai, anthropic") else {
+        return;
+    };
 
     // The reference: `flatrun run --chat` with the same prompt, greedy.
     let reference = flatrun()
         .arg("run")
         .arg("--model")
         .arg(&model)
-        .args(["--chat", "-q", "--ctx", &CONTEXT.to_string(), "--max-new", &GREEDY_MAX.to_string()])
+        .args([
+            "--chat",
+            "-q",
+            "--ctx",
+            &CONTEXT.to_string(),
+            "--max-new",
+            &GREEDY_MAX.to_string(),
+        ])
         .args(["--prompt", GREEDY_PROMPT])
         .output()
         .unwrap();
@@ -117,8 +144,14 @@ fn official_sdks_against_flatrun_serve() {
 
     let mut server = Server::start(&model);
     server.wait_healthy();
-    let name = model.file_name().unwrap().to_string_lossy().trim_end_matches(".gguf").to_string();
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../flatrun-server/tests/sdk/test_sdk.py");
+    let name = model
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .trim_end_matches(".gguf")
+        .to_string();
+    let script =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../flatrun-server/tests/sdk/test_sdk.py");
     let output = Command::new(&python)
         .arg(&script)
         .arg("-v")
@@ -134,8 +167,14 @@ fn official_sdks_against_flatrun_serve() {
         .expect("run the SDK tests");
     let report = format!("{}{}", stdout_of(&output), stderr_of(&output));
     eprintln!("{report}");
-    assert!(output.status.success(), "the SDK tests failed against flatrun serve (see above)");
-    assert!(report.contains("test_greedy_answer_matches_the_reference ... ok"), "the greedy check did not run");
+    assert!(
+        output.status.success(),
+        "the SDK tests failed against flatrun serve (see above)"
+    );
+    assert!(
+        report.contains("test_greedy_answer_matches_the_reference ... ok"),
+        "the greedy check did not run"
+    );
 
     // SIGTERM: a clean, successful exit.
     let status = server.terminate();
@@ -147,7 +186,13 @@ fn serve_reports_a_busy_port() {
     let Some(model) = smollm2() else { return };
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port().to_string();
-    let out = flatrun().arg("serve").arg("--model").arg(&model).args(["--port", &port]).output().unwrap();
+    let out = flatrun()
+        .arg("serve")
+        .arg("--model")
+        .arg(&model)
+        .args(["--port", &port])
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_of(&out).contains("--port"), "{}", stderr_of(&out));
 }

@@ -293,3 +293,72 @@ fn mlx_directory_folds_quantized_triples() {
         (w.len() + s.len() + bi.len() + dw.len() + ds.len() + db.len() + 128) as u64
     );
 }
+
+#[test]
+fn sharded_mlx_directory_with_a_triple_split_across_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("config.json"),
+        br#"{"model_type":"gemma3_text","quantization":{"group_size":64,"bits":8}}"#,
+    );
+    let w = pattern(2 * 16 * 4, 1);
+    let s = pattern(2 * 2, 2);
+    let bi = pattern(2 * 2, 3);
+    let first = vec![
+        (
+            "model.layers.0.mlp.up_proj.weight",
+            "U32",
+            vec![2, 16],
+            w.clone(),
+        ),
+        (
+            "model.layers.0.post_attention_layernorm.weight",
+            "BF16",
+            vec![64],
+            pattern(128, 4),
+        ),
+    ];
+    let second = vec![
+        (
+            "model.layers.0.mlp.up_proj.scales",
+            "BF16",
+            vec![2, 1],
+            s.clone(),
+        ),
+        (
+            "model.layers.0.mlp.up_proj.biases",
+            "BF16",
+            vec![2, 1],
+            bi.clone(),
+        ),
+    ];
+    write(
+        &dir.path().join("model-00001-of-00002.safetensors"),
+        &safetensors_bytes(&first, &[]),
+    );
+    write(
+        &dir.path().join("model-00002-of-00002.safetensors"),
+        &safetensors_bytes(&second, &[]),
+    );
+    let index = serde_json::json!({"weight_map": {
+        "model.layers.0.mlp.up_proj.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.post_attention_layernorm.weight": "model-00001-of-00002.safetensors",
+        "model.layers.0.mlp.up_proj.scales": "model-00002-of-00002.safetensors",
+        "model.layers.0.mlp.up_proj.biases": "model-00002-of-00002.safetensors",
+    }});
+    write(
+        &dir.path().join("model.safetensors.index.json"),
+        index.to_string().as_bytes(),
+    );
+
+    let b = flatrun_format::open(dir.path()).expect("open sharded mlx");
+    assert_eq!(b.name(), "mlx");
+    assert_eq!(b.files().len(), 2);
+    let up = b.tensor("layers.0.ffn.up").unwrap();
+    assert_eq!(up.shape(), &[2, 64]);
+    assert_eq!(up.bytes(), w.as_slice());
+    assert_eq!(up.part("scales"), Some(s.as_slice()));
+    assert_eq!(up.part("biases"), Some(bi.as_slice()));
+    // Gemma family: post_attention_layernorm is the post-attention norm.
+    assert!(b.contains("layers.0.post_attn_norm"));
+}

@@ -15,7 +15,13 @@ use half::f16;
 /// (rows, cols) of real projections (rows = output features): SmolLM2 FFN down (576×1536),
 /// Gemma 3 270M FFN down (640×2048), Qwen2.5-0.5B FFN down (896×4864), a 1.5B FFN down
 /// (1536×8960), and Qwen2.5's output head (151936×896, 122 MiB as Q8_0: far beyond the LLC).
-const SHAPES: &[(usize, usize)] = &[(576, 1536), (640, 2048), (896, 4864), (1536, 8960), (151936, 896)];
+const SHAPES: &[(usize, usize)] = &[
+    (576, 1536),
+    (640, 2048),
+    (896, 4864),
+    (1536, 8960),
+    (151936, 896),
+];
 const FORMATS: &[GgmlType] = &[
     GgmlType::Q4_1,
     GgmlType::Q5_0,

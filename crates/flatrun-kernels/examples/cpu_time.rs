@@ -15,7 +15,10 @@ fn thread_cpu_ns() -> u64 {
 }
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
     let (rows, cols, iters) = match args[..] {
         [r, c, i] => (r, c, i),
         _ => (1536, 2048, 200),
@@ -42,7 +45,9 @@ fn main() {
             continue;
         }
         let n = rows * cols / t.block_size() * t.type_size();
-        let mut bytes: Vec<u8> = (0..n).map(|i| (i * 2654435761usize >> 13) as u8).collect();
+        let mut bytes: Vec<u8> = (0..n)
+            .map(|i| ((i * 2654435761usize) >> 13) as u8)
+            .collect();
         // Sane f16 scales at the front of each block, or every value for F16.
         let one = half::f16::from_f32(0.01).to_le_bytes();
         let step = if t == GgmlType::F16 { 2 } else { t.type_size() };

@@ -23,11 +23,11 @@ pub(crate) fn check_matmul(
     out: &[f32],
 ) -> Result<(), KernelError> {
     w.validate()?;
-    let nx = n_tokens.checked_mul(w.cols).unwrap_or(usize::MAX);
+    let nx = n_tokens.saturating_mul(w.cols);
     if x.len() != nx {
         return Err(buffer_error(w, "activations", nx, x.len()));
     }
-    let no = n_tokens.checked_mul(w.rows).unwrap_or(usize::MAX);
+    let no = n_tokens.saturating_mul(w.rows);
     if out.len() != no {
         return Err(buffer_error(w, "output", no, out.len()));
     }

@@ -287,7 +287,7 @@ fn attention_gqa_causal_window_softcap_f32_and_f16() {
     };
     let n_slots = 6;
     let gen =
-        |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| ((i as f32 * s).sin() * 1.5)).collect() };
+        |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 1.5).collect() };
     let k = gen(n_slots * 2 * 8, 0.71);
     let v = gen(n_slots * 2 * 8, 0.37);
     // Slot 4 empty, slots out of position order (a ring buffer).

@@ -169,7 +169,10 @@ impl ModelConfig {
             key: "general.architecture".into(),
         })?;
         let arch = Arch::from_name(arch_name)?;
-        let keys = GgufKeys { md, arch: arch_name };
+        let keys = GgufKeys {
+            md,
+            arch: arch_name,
+        };
         crate::arch::config_from_gguf(arch, &keys)
     }
 
@@ -433,8 +436,11 @@ pub fn meta_f32(md: &Metadata, key: &str) -> Option<f32> {
 
 /// A metadata string.
 pub fn meta_str<'m>(md: &'m Metadata, key: &str) -> Option<&'m str> {
-    md.entries.iter().find(|(k, _)| k == key).and_then(|(_, v)| match v {
-        MetaValue::String(s) => Some(s.as_str()),
-        _ => None,
-    })
+    md.entries
+        .iter()
+        .find(|(k, _)| k == key)
+        .and_then(|(_, v)| match v {
+            MetaValue::String(s) => Some(s.as_str()),
+            _ => None,
+        })
 }

@@ -161,7 +161,7 @@ impl Sampler {
             total += w as f64;
             self.weights.push(w);
         }
-        if !(total > 0.0) || !total.is_finite() {
+        if total.is_nan() || total <= 0.0 || !total.is_finite() {
             return self
                 .candidates
                 .iter()
@@ -218,9 +218,18 @@ const NEGLIGIBLE_LOG_PROB: f32 = 27.6;
 fn kth_largest(logits: &[f32], k: usize) -> f32 {
     use std::cmp::Reverse;
     use std::collections::BinaryHeap;
-    #[derive(PartialEq, PartialOrd)]
     struct Ordered(f32);
+    impl PartialEq for Ordered {
+        fn eq(&self, other: &Self) -> bool {
+            self.0.total_cmp(&other.0).is_eq()
+        }
+    }
     impl Eq for Ordered {}
+    impl PartialOrd for Ordered {
+        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+            Some(self.cmp(other))
+        }
+    }
     impl Ord for Ordered {
         fn cmp(&self, other: &Self) -> std::cmp::Ordering {
             self.0.total_cmp(&other.0)
@@ -257,7 +266,7 @@ fn keep_top_p(candidates: &mut Vec<(u32, f32)>, top_p: f32, max_logit: f32) {
         .iter()
         .map(|c| (c.1 - max_logit).exp() as f64)
         .sum();
-    if !(total > 0.0) {
+    if total.is_nan() || total <= 0.0 {
         return;
     }
     let need = top_p as f64 * total;

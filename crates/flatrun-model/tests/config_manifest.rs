@@ -18,7 +18,8 @@ fn unknown_architecture_names_it_and_lists_supported() {
 
 #[test]
 fn missing_key_is_named() {
-    let json = serde_json::json!({ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64 });
+    let json =
+        serde_json::json!({ "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64 });
     match ModelConfig::from_hf_json(&json) {
         Err(ModelError::MissingKey { key, .. }) => assert_eq!(key, "num_attention_heads"),
         other => panic!("expected a missing key, got {other:?}"),
@@ -37,8 +38,14 @@ fn hf_llama3_config() {
     let cfg = ModelConfig::from_hf_json(&json).unwrap();
     assert_eq!(cfg.arch, Arch::Llama);
     assert_eq!((cfg.n_head, cfg.n_kv_head, cfg.head_dim), (32, 8, 64));
-    assert_eq!(cfg.rope_layout, RopeLayout::Neox, "HF llama keeps rotate-half");
-    assert!(matches!(cfg.rope_scaling, RopeScaling::Llama3 { factor, orig_ctx: 8192, .. } if factor == 32.0));
+    assert_eq!(
+        cfg.rope_layout,
+        RopeLayout::Neox,
+        "HF llama keeps rotate-half"
+    );
+    assert!(
+        matches!(cfg.rope_scaling, RopeScaling::Llama3 { factor, orig_ctx: 8192, .. } if factor == 32.0)
+    );
 }
 
 #[test]
@@ -63,7 +70,10 @@ fn hf_gemma3_config_has_offset_window_and_local_base() {
 fn model(file: &str) -> Option<PathBuf> {
     let dir = std::env::var_os("FLATRUN_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/models")
+        });
     let path = dir.join(file);
     if path.exists() {
         return Some(path);
@@ -79,25 +89,75 @@ fn model(file: &str) -> Option<PathBuf> {
 fn real_models_configs_and_manifests() {
     // (file, arch, layers, width, heads, kv heads, head dim, tied, layout, windowed layers)
     let cases = [
-        ("SmolLM2-135M-Instruct.Q4_1.gguf", Arch::Llama, 30, 576, 9, 3, 64, true, RopeLayout::Normal, 0),
-        ("gemma-3-270m-q4_k_m.gguf", Arch::Gemma3, 18, 640, 4, 1, 256, true, RopeLayout::Neox, 15),
-        ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", Arch::Qwen2, 24, 896, 14, 2, 64, false, RopeLayout::Neox, 0),
+        (
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+            Arch::Llama,
+            30,
+            576,
+            9,
+            3,
+            64,
+            true,
+            RopeLayout::Normal,
+            0,
+        ),
+        (
+            "gemma-3-270m-q4_k_m.gguf",
+            Arch::Gemma3,
+            18,
+            640,
+            4,
+            1,
+            256,
+            true,
+            RopeLayout::Neox,
+            15,
+        ),
+        (
+            "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            Arch::Qwen2,
+            24,
+            896,
+            14,
+            2,
+            64,
+            false,
+            RopeLayout::Neox,
+            0,
+        ),
     ];
     for (file, arch, n_layer, n_embd, n_head, n_kv, hd, tied, layout, n_swa) in cases {
         let Some(path) = model(file) else { continue };
         let backend = flatrun_format::open(&path).unwrap();
         let cfg = ModelConfig::from_gguf(backend.metadata()).unwrap();
         assert_eq!(cfg.arch, arch, "{file}");
-        assert_eq!((cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim), (n_layer, n_embd, n_head, n_kv, hd), "{file}");
+        assert_eq!(
+            (
+                cfg.n_layer,
+                cfg.n_embd,
+                cfg.n_head,
+                cfg.n_kv_head,
+                cfg.head_dim
+            ),
+            (n_layer, n_embd, n_head, n_kv, hd),
+            "{file}"
+        );
         assert_eq!(cfg.rope_layout, layout, "{file}");
-        assert_eq!(cfg.swa_layers.iter().filter(|&&w| w).count(), n_swa, "{file}");
+        assert_eq!(
+            cfg.swa_layers.iter().filter(|&&w| w).count(),
+            n_swa,
+            "{file}"
+        );
         let manifest = Manifest::build(&cfg, backend.tensors()).unwrap();
         assert_eq!(manifest.layers.len(), n_layer);
         assert_eq!(manifest.output_tied, tied, "{file}");
         assert!(manifest.largest_layer_bytes() > 0);
         assert!(manifest.total_bytes() <= std::fs::metadata(&path).unwrap().len());
         if arch == Arch::Qwen2 {
-            assert!(manifest.layers[0].tensors.iter().any(|t| t.name == "layers.0.attn.q.bias"));
+            assert!(manifest.layers[0]
+                .tensors
+                .iter()
+                .any(|t| t.name == "layers.0.attn.q.bias"));
         }
     }
 }

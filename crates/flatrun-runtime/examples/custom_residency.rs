@@ -16,7 +16,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for policy in [Residency::Stream, Residency::Cap(cap), Residency::Resident] {
         let mut model = Model::load(
             &path,
-            LoadOptions { residency: policy, profile: true, trace_memory: true, ..LoadOptions::default() },
+            LoadOptions {
+                residency: policy,
+                profile: true,
+                trace_memory: true,
+                ..LoadOptions::default()
+            },
         )?;
         // The plan the policy made over the manifest.
         let plan: &ResidencyPlan = model.executor().residency();

@@ -15,10 +15,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tokens: Vec<u32> = ids.split(',').map(str::parse).collect::<Result<_, _>>()?;
     let backend = rest.first().map_or(Ok(Default::default()), |s| s.parse())?;
     let kv_type = rest.get(1).map_or(Ok(Default::default()), |s| s.parse())?;
-    let mut model = Model::load(path, LoadOptions { backend, kv_type, ..LoadOptions::default() })?;
+    let mut model = Model::load(
+        path,
+        LoadOptions {
+            backend,
+            kv_type,
+            ..LoadOptions::default()
+        },
+    )?;
     let vocab = model.executor().vocab_size();
     let mut session = model.session();
-    let step = session.step_with(&tokens, StepOptions { all_logits: true, hidden: false })?;
+    let step = session.step_with(
+        &tokens,
+        StepOptions {
+            all_logits: true,
+            hidden: false,
+        },
+    )?;
     let all = step.all_logits.unwrap_or_default();
     flatrun_runtime::npy::write_f32_matrix(std::path::Path::new(out), &all, tokens.len(), vocab)?;
     Ok(())

@@ -17,7 +17,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // One batched step over the whole prompt, keeping every position's logits.
     let mut session = model.session();
-    let out = session.step_with(&tokens, StepOptions { all_logits: true, hidden: true })?;
+    let out = session.step_with(
+        &tokens,
+        StepOptions {
+            all_logits: true,
+            hidden: true,
+        },
+    )?;
     let all = out.all_logits.unwrap_or_default();
     for (p, &tok) in tokens.iter().enumerate() {
         let row = &all[p * vocab..(p + 1) * vocab];
@@ -26,11 +32,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         order.truncate(5);
         order.sort_by(|&a, &b| row[b].total_cmp(&row[a]));
         let piece = |id: u32| String::from_utf8_lossy(&tokenizer.token_to_piece(id)).into_owned();
-        let top: Vec<String> = order.iter().map(|&i| format!("{:?} {:.2}", piece(i as u32), row[i])).collect();
+        let top: Vec<String> = order
+            .iter()
+            .map(|&i| format!("{:?} {:.2}", piece(i as u32), row[i]))
+            .collect();
         println!("{p:3} {:>16?} → {}", piece(tok), top.join(" | "));
     }
     if let Some(h) = out.hidden {
-        println!("last hidden state: {} values, norm {:.3}", h.len(), h.iter().map(|x| x * x).sum::<f32>().sqrt());
+        println!(
+            "last hidden state: {} values, norm {:.3}",
+            h.len(),
+            h.iter().map(|x| x * x).sum::<f32>().sqrt()
+        );
     }
     Ok(())
 }

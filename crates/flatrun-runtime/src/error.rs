@@ -20,7 +20,9 @@ pub enum RuntimeError {
         source: flatrun_kernels::KernelError,
     },
     /// The sequence would grow past its KV cache.
-    #[error("context overflow: {used} tokens in the sequence + {new} new > context size {capacity}")]
+    #[error(
+        "context overflow: {used} tokens in the sequence + {new} new > context size {capacity}"
+    )]
     ContextOverflow {
         used: usize,
         new: usize,

@@ -142,7 +142,11 @@ fn open<'b>(backend: &'b dyn StorageBackend, name: &str) -> Result<TensorHandle<
 }
 
 /// A 1-D tensor as f32 (norm weights and biases are tiny; any dtype).
-fn read_vector(backend: &dyn StorageBackend, kernels: &dyn Kernels, name: &str) -> Result<Vec<f32>> {
+fn read_vector(
+    backend: &dyn StorageBackend,
+    kernels: &dyn Kernels,
+    name: &str,
+) -> Result<Vec<f32>> {
     let h = open(backend, name)?;
     let w = Weight::from_handle(&h).map_err(|source| RuntimeError::Kernel {
         tensor: name.to_string(),
@@ -293,7 +297,12 @@ impl StreamingExecutor {
     }
 
     /// Run `tokens` through `seq` and return the logits of the last position.
-    pub fn step(&mut self, seq: &mut Sequence, tokens: &[u32], opts: StepOptions) -> Result<StepOutput> {
+    pub fn step(
+        &mut self,
+        seq: &mut Sequence,
+        tokens: &[u32],
+        opts: StepOptions,
+    ) -> Result<StepOutput> {
         let mut batch = [(seq, tokens)];
         let mut out = self.step_batch(&mut batch, opts)?;
         Ok(out.pop().unwrap_or_default())
@@ -590,7 +599,8 @@ impl StreamingExecutor {
                     source,
                 })?;
             for t in 0..m {
-                logits[t * vocab + r0..t * vocab + r1].copy_from_slice(&out[t * rows..(t + 1) * rows]);
+                logits[t * vocab + r0..t * vocab + r1]
+                    .copy_from_slice(&out[t * rows..(t + 1) * rows]);
             }
             self.profiler.record_other("matmul_head", t_mm.elapsed());
             if !self.residency.output_resident {

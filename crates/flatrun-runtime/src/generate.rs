@@ -107,7 +107,12 @@ pub struct Generation<'m> {
 }
 
 impl<'m> Generation<'m> {
-    pub(crate) fn new(model: &'m mut Model, seq: Sequence, prompt: Vec<u32>, opts: GenerateOptions) -> Result<Self> {
+    pub(crate) fn new(
+        model: &'m mut Model,
+        seq: Sequence,
+        prompt: Vec<u32>,
+        opts: GenerateOptions,
+    ) -> Result<Self> {
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyStep);
         }
@@ -156,7 +161,10 @@ impl<'m> Generation<'m> {
         // Pick the next token.
         let t0 = std::time::Instant::now();
         let id = self.sampler.sample(&mut out.logits, self.seq.tokens());
-        self.model.executor.profiler.record_other("sampling", t0.elapsed());
+        self.model
+            .executor
+            .profiler
+            .record_other("sampling", t0.elapsed());
         self.generated += 1;
         self.pending = vec![id];
 

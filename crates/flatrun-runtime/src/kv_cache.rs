@@ -68,7 +68,14 @@ pub struct LayerKvCache {
 }
 
 impl LayerKvCache {
-    fn new(layer: usize, kv_dim: usize, slots: usize, ring: bool, ctx: usize, kind: KvType) -> Self {
+    fn new(
+        layer: usize,
+        kv_dim: usize,
+        slots: usize,
+        ring: bool,
+        ctx: usize,
+        kind: KvType,
+    ) -> Self {
         LayerKvCache {
             layer,
             kv_dim,
@@ -108,7 +115,11 @@ impl LayerKv for LayerKvCache {
             if pos >= self.max_position || (!self.ring && pos >= self.slots) {
                 return Err(ModelError::KvFull {
                     layer: self.layer,
-                    capacity: self.max_position.min(if self.ring { usize::MAX } else { self.slots }),
+                    capacity: self.max_position.min(if self.ring {
+                        usize::MAX
+                    } else {
+                        self.slots
+                    }),
                     position: pos,
                 });
             }

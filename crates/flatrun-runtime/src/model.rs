@@ -32,15 +32,18 @@ impl Model {
             let md = backend.metadata();
             let cfg = ModelConfig::from_gguf(md)?;
             let tok = Tokenizer::from_gguf_metadata(md).map_err(|e| e.to_string());
-            let tpl = ChatTemplate::from_gguf_metadata(md, cfg.arch.name()).map_err(|e| e.to_string());
+            let tpl =
+                ChatTemplate::from_gguf_metadata(md, cfg.arch.name()).map_err(|e| e.to_string());
             (cfg, tok, tpl)
         } else {
-            let dir = backend.directory().map(Path::to_path_buf).ok_or_else(|| {
-                RuntimeError::Config {
-                    path: path.clone(),
-                    what: "no directory with a config.json next to the weights".into(),
-                }
-            })?;
+            let dir =
+                backend
+                    .directory()
+                    .map(Path::to_path_buf)
+                    .ok_or_else(|| RuntimeError::Config {
+                        path: path.clone(),
+                        what: "no directory with a config.json next to the weights".into(),
+                    })?;
             let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
             let tok = Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
             let tpl = ChatTemplate::from_hf_dir(&dir, cfg.arch.name()).map_err(|e| e.to_string());
@@ -101,14 +104,23 @@ impl Model {
 
     /// Render a conversation with the chat template, ending with the
     /// assistant's turn opened when `add_generation_prompt`.
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let tok = self.tokenizer()?;
         let piece = |id: Option<u32>| {
             id.map(|i| String::from_utf8_lossy(&tok.token_to_piece(i)).into_owned())
                 .unwrap_or_default()
         };
         self.chat_template()?
-            .render(messages, add_generation_prompt, &piece(tok.bos()), &piece(tok.eos()))
+            .render(
+                messages,
+                add_generation_prompt,
+                &piece(tok.bos()),
+                &piece(tok.eos()),
+            )
             .map_err(|e| RuntimeError::ChatTemplate(e.to_string()))
     }
 
@@ -140,7 +152,11 @@ impl Model {
 
     /// Generate from a prompt (text, tokenized with BOS as the checkpoint
     /// wants, or token ids) as a stream of [`crate::TokenEvent`]s.
-    pub fn generate(&mut self, prompt: impl Into<Prompt>, opts: GenerateOptions) -> Result<Generation<'_>> {
+    pub fn generate(
+        &mut self,
+        prompt: impl Into<Prompt>,
+        opts: GenerateOptions,
+    ) -> Result<Generation<'_>> {
         let tokens = match prompt.into() {
             Prompt::Text(text) => self.encode(&text, true)?,
             Prompt::Tokens(ids) => ids,

@@ -89,7 +89,9 @@ impl Profiler {
 
     fn push_event(&mut self, name: &'static str, track: String, end: Instant, elapsed: Duration) {
         if self.events.len() < MAX_EVENTS {
-            let start = end.saturating_duration_since(self.epoch).saturating_sub(elapsed);
+            let start = end
+                .saturating_duration_since(self.epoch)
+                .saturating_sub(elapsed);
             self.events.push(TraceEvent {
                 name,
                 track,
@@ -107,7 +109,12 @@ impl Profiler {
         if let Some(l) = self.layers.get_mut(layer) {
             l.io_wait += elapsed;
         }
-        self.push_event("io_wait", format!("layer {layer:02}"), Instant::now(), elapsed);
+        self.push_event(
+            "io_wait",
+            format!("layer {layer:02}"),
+            Instant::now(),
+            elapsed,
+        );
     }
 
     /// Time of work outside the layers (`embed`, `head`, `head_io_wait`, `sampling`).
@@ -197,7 +204,9 @@ impl Profiler {
             self.decode_time.as_secs_f64(),
             self.decode_tok_s()
         );
-        let total = (self.prefill_time + self.decode_time).as_secs_f64().max(1e-9);
+        let total = (self.prefill_time + self.decode_time)
+            .as_secs_f64()
+            .max(1e-9);
         if self.enabled {
             let _ = writeln!(s, "{:<16} {:>10} {:>7}", "op", "ms", "share");
             for (op, d) in self.op_totals() {
@@ -262,7 +271,12 @@ impl OpObserver for Profiler {
         if let Some(l) = self.layers.get_mut(layer) {
             *l.ops.entry(op.name()).or_default() += elapsed;
         }
-        self.push_event(op.name(), format!("layer {layer:02}"), Instant::now(), elapsed);
+        self.push_event(
+            op.name(),
+            format!("layer {layer:02}"),
+            Instant::now(),
+            elapsed,
+        );
     }
 }
 

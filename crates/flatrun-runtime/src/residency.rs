@@ -26,7 +26,8 @@ impl ResidencyPlan {
     /// streamed bytes for items of (nearly) equal size, which decoder layers are.
     pub fn new(policy: Residency, manifest: &Manifest) -> ResidencyPlan {
         let n = manifest.layers.len();
-        let total: u64 = manifest.layers.iter().map(|l| l.bytes).sum::<u64>() + manifest.output.bytes;
+        let total: u64 =
+            manifest.layers.iter().map(|l| l.bytes).sum::<u64>() + manifest.output.bytes;
         let (resident, output_resident) = match policy {
             Residency::Resident => (vec![true; n], true),
             Residency::Stream => (vec![false; n], false),
@@ -60,7 +61,11 @@ impl ResidencyPlan {
             .filter(|l| resident[l.index])
             .map(|l| l.bytes)
             .sum::<u64>()
-            + if output_resident { manifest.output.bytes } else { 0 };
+            + if output_resident {
+                manifest.output.bytes
+            } else {
+                0
+            };
         ResidencyPlan {
             resident,
             output_resident,

@@ -35,7 +35,10 @@ fn windowed_layers_use_a_ring_and_full_layers_fail_when_full() {
     for pos in 0..16 {
         full.write(&[pos], &row, &row).unwrap();
     }
-    assert!(matches!(full.write(&[16], &row, &row), Err(ModelError::KvFull { layer: 5, .. })));
+    assert!(matches!(
+        full.write(&[16], &row, &row),
+        Err(ModelError::KvFull { layer: 5, .. })
+    ));
 }
 
 #[test]
@@ -47,7 +50,11 @@ fn f16_cache_is_half_the_bytes() {
 }
 
 fn entry(name: &str, bytes: u64) -> TensorEntry {
-    TensorEntry { name: name.into(), shape: vec![1, 1], bytes }
+    TensorEntry {
+        name: name.into(),
+        shape: vec![1, 1],
+        bytes,
+    }
 }
 
 fn manifest(layer_bytes: &[u64], head: u64) -> Manifest {
@@ -56,7 +63,11 @@ fn manifest(layer_bytes: &[u64], head: u64) -> Manifest {
         layers: layer_bytes
             .iter()
             .enumerate()
-            .map(|(i, &b)| LayerEntry { index: i, tensors: vec![entry("x", b)], bytes: b })
+            .map(|(i, &b)| LayerEntry {
+                index: i,
+                tensors: vec![entry("x", b)],
+                bytes: b,
+            })
             .collect(),
         output_norm: entry("output_norm", 4),
         output: entry("output", head),
@@ -84,7 +95,13 @@ fn cap_keeps_the_largest_items_that_fit() {
 #[test]
 fn residency_parses() {
     assert_eq!("stream".parse::<Residency>().unwrap(), Residency::Stream);
-    assert_eq!("resident".parse::<Residency>().unwrap(), Residency::Resident);
-    assert_eq!("cap=300M".parse::<Residency>().unwrap(), Residency::Cap(300 << 20));
+    assert_eq!(
+        "resident".parse::<Residency>().unwrap(),
+        Residency::Resident
+    );
+    assert_eq!(
+        "cap=300M".parse::<Residency>().unwrap(),
+        Residency::Cap(300 << 20)
+    );
     assert!("cap=lots".parse::<Residency>().is_err());
 }

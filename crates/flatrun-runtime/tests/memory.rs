@@ -20,8 +20,13 @@ const CHILD_ENV: &str = "FLATRUN_MEMORY_CHILD_MODEL";
 /// Entry point of the child process (does nothing in a normal test run).
 #[test]
 fn child_run() {
-    let Some(model_path) = std::env::var_os(CHILD_ENV) else { return };
-    let ctx: usize = std::env::var("FLATRUN_MEMORY_CHILD_CTX").ok().and_then(|s| s.parse().ok()).unwrap_or(1024);
+    let Some(model_path) = std::env::var_os(CHILD_ENV) else {
+        return;
+    };
+    let ctx: usize = std::env::var("FLATRUN_MEMORY_CHILD_CTX")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1024);
     let mut model = Model::load(
         &model_path,
         LoadOptions {
@@ -37,7 +42,15 @@ fn child_run() {
     let largest = model.executor().manifest().largest_layer_bytes();
     let prompt = "Write a short poem about the sea and the wind, in four lines.";
     let mut n = 0;
-    let mut gen = model.generate(prompt, GenerateOptions { stop_at_eos: false, ..GenerateOptions::greedy(16) }).expect("generate");
+    let mut gen = model
+        .generate(
+            prompt,
+            GenerateOptions {
+                stop_at_eos: false,
+                ..GenerateOptions::greedy(16)
+            },
+        )
+        .expect("generate");
     for ev in gen.by_ref() {
         ev.expect("token");
         n += 1;
@@ -55,14 +68,21 @@ fn child_run() {
 }
 
 /// Run `child_run` in a new process (optionally through `wrapper`) and parse its RESULT line.
-fn spawn_child(model: &Path, ctx: usize, cgroup_procs: Option<&Path>) -> Option<Vec<(String, f64)>> {
+fn spawn_child(
+    model: &Path,
+    ctx: usize,
+    cgroup_procs: Option<&Path>,
+) -> Option<Vec<(String, f64)>> {
     let exe = std::env::current_exe().expect("test binary");
     let mut cmd = match cgroup_procs {
         // Join the cgroup before exec, so every page the child touches is charged there.
         Some(procs) => {
             let mut c = Command::new("sh");
             c.arg("-c")
-                .arg(format!("echo $$ > '{}' && exec \"$0\" \"$@\"", procs.display()))
+                .arg(format!(
+                    "echo $$ > '{}' && exec \"$0\" \"$@\"",
+                    procs.display()
+                ))
                 .arg(&exe);
             c
         }
@@ -74,10 +94,16 @@ fn spawn_child(model: &Path, ctx: usize, cgroup_procs: Option<&Path>) -> Option<
     let out = cmd.output().expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
-        eprintln!("child failed ({}):\n{stdout}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+        eprintln!(
+            "child failed ({}):\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         return None;
     }
-    let line = stdout.lines().find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))?;
+    let line = stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT ").map(|(_, r)| r))?;
     Some(
         line.split_whitespace()
             .filter_map(|kv| kv.split_once('='))
@@ -92,14 +118,24 @@ fn field(r: &[(String, f64)], k: &str) -> f64 {
 
 #[test]
 fn stream_peak_rss_within_budget() {
+    if cfg!(debug_assertions) {
+        eprintln!("skipping: memory tests run in release mode (cargo test --release)");
+        return;
+    }
     for file in [
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "gemma-3-270m-q4_k_m.gguf",
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
     ] {
-        let Some(path) = common::model(file) else { continue };
+        let Some(path) = common::model(file) else {
+            continue;
+        };
         let r = spawn_child(&path, 1024, None).expect("child run");
-        let (peak, largest, kv) = (field(&r, "peak"), field(&r, "largest_layer"), field(&r, "kv"));
+        let (peak, largest, kv) = (
+            field(&r, "peak"),
+            field(&r, "largest_layer"),
+            field(&r, "kv"),
+        );
         let budget = largest + kv + 100.0 * MB as f64;
         eprintln!(
             "{file}: stream peak RSS {:.1} MB (budget {:.1} MB = layer {:.1} + KV {:.1} + 100), file {:.1} MB, \
@@ -108,7 +144,10 @@ fn stream_peak_rss_within_budget() {
             std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
             field(&r, "prefill_tok_s"), field(&r, "decode_tok_s"), 100.0 * field(&r, "io_wait_share")
         );
-        assert!(peak < budget, "{file}: peak RSS {peak} over budget {budget}");
+        assert!(
+            peak < budget,
+            "{file}: peak RSS {peak} over budget {budget}"
+        );
     }
 }
 
@@ -121,25 +160,41 @@ fn make_cgroup(limit: u64) -> Result<(PathBuf, PathBuf), String> {
     if let Some(rel) = own.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
         let (_, ctrl, path) = (parts.next()?, parts.next()?, parts.next()?);
-        ctrl.split(',').any(|c| c == "memory").then(|| path.to_string())
+        ctrl.split(',')
+            .any(|c| c == "memory")
+            .then(|| path.to_string())
     }) {
-        let dir = Path::new("/sys/fs/cgroup/memory").join(rel.trim_start_matches('/')).join(&name);
+        let dir = Path::new("/sys/fs/cgroup/memory")
+            .join(rel.trim_start_matches('/'))
+            .join(&name);
         std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         std::fs::write(dir.join("memory.limit_in_bytes"), limit.to_string())
             .map_err(|e| format!("memory.limit_in_bytes: {e}"))?;
         return Ok((dir.clone(), dir.join("cgroup.procs")));
     }
     // cgroup v2: the `0::` line.
-    let rel = own.lines().find_map(|l| l.strip_prefix("0::")).ok_or("no cgroup line")?;
-    let dir = Path::new("/sys/fs/cgroup").join(rel.trim_start_matches('/')).join(&name);
+    let rel = own
+        .lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .ok_or("no cgroup line")?;
+    let dir = Path::new("/sys/fs/cgroup")
+        .join(rel.trim_start_matches('/'))
+        .join(&name);
     std::fs::create_dir(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    std::fs::write(dir.join("memory.max"), limit.to_string()).map_err(|e| format!("memory.max: {e}"))?;
+    std::fs::write(dir.join("memory.max"), limit.to_string())
+        .map_err(|e| format!("memory.max: {e}"))?;
     Ok((dir.clone(), dir.join("cgroup.procs")))
 }
 
 #[test]
 fn qwen2_runs_under_half_file_cgroup_cap() {
-    let Some(path) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else { return };
+    if cfg!(debug_assertions) {
+        eprintln!("skipping: memory tests run in release mode (cargo test --release)");
+        return;
+    }
+    let Some(path) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
+        return;
+    };
     let file_size = std::fs::metadata(&path).expect("stat").len();
     let limit = file_size / 2;
     let (dir, procs) = match make_cgroup(limit) {

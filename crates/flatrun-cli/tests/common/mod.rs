@@ -19,7 +19,10 @@ pub fn flatrun_path() -> PathBuf {
 fn models_dir() -> PathBuf {
     std::env::var_os("FLATRUN_MODELS")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"))
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/models")
+        })
 }
 
 fn required() -> bool {
@@ -34,9 +37,15 @@ pub fn model(name: &str) -> Option<PathBuf> {
         return Some(path);
     }
     if required() {
-        panic!("model {} is missing and FLATRUN_REQUIRE_MODELS=1", path.display());
+        panic!(
+            "model {} is missing and FLATRUN_REQUIRE_MODELS=1",
+            path.display()
+        );
     }
-    eprintln!("skipping: model {} not found (set FLATRUN_MODELS)", path.display());
+    eprintln!(
+        "skipping: model {} not found (set FLATRUN_MODELS)",
+        path.display()
+    );
     None
 }
 
@@ -50,7 +59,10 @@ pub fn smollm2() -> Option<PathBuf> {
 pub fn python_with(modules: &str) -> Option<PathBuf> {
     let python = std::env::var_os("FLATRUN_PYTHON")
         .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/venv/bin/python"));
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/venv/bin/python")
+        });
     let ok = std::process::Command::new(&python)
         .args(["-c", &format!("import {modules}")])
         .output()
@@ -58,7 +70,10 @@ pub fn python_with(modules: &str) -> Option<PathBuf> {
     if ok {
         return Some(python);
     }
-    let message = format!("{} cannot import {modules}: run scripts/setup-test-env.sh", python.display());
+    let message = format!(
+        "{} cannot import {modules}: run scripts/setup-test-env.sh",
+        python.display()
+    );
     if required() {
         panic!("{message}");
     }

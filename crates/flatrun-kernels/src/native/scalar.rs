@@ -119,9 +119,9 @@ fn unpack_block256(t: GgmlType, blk: &[u8]) -> Block256 {
         GgmlType::Q2_K => {
             b.d = f16_at(blk, 80);
             b.dmin = f16_at(blk, 82);
-            for g in 0..16 {
-                b.scale[g] = (blk[g] & 0xF) as i32;
-                b.min[g] = (blk[g] >> 4) as i32;
+            for (g, &sc) in blk[..16].iter().enumerate() {
+                b.scale[g] = (sc & 0xF) as i32;
+                b.min[g] = (sc >> 4) as i32;
             }
             for i in 0..QK_K {
                 let (half, s, l) = (i / 128, (i % 128) / 32, i % 32);
@@ -131,8 +131,8 @@ fn unpack_block256(t: GgmlType, blk: &[u8]) -> Block256 {
         GgmlType::Q3_K => {
             b.d = f16_at(blk, 108);
             let sc = q3k_scales(&blk[96..108]);
-            for g in 0..16 {
-                b.scale[g] = sc[g] as i32;
+            for (s, &v) in b.scale.iter_mut().zip(&sc) {
+                *s = v as i32;
             }
             for i in 0..QK_K {
                 let (half, s, l) = (i / 128, (i % 128) / 32, i % 32);

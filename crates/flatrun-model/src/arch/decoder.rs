@@ -263,13 +263,22 @@ pub fn forward_layer(
 ) -> Result<()> {
     let layer = plan.index;
     let n = positions.len();
-    let (d, qd, kvd, ff, hd) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff, cfg.head_dim);
+    let (d, qd, kvd, ff, hd) = (
+        cfg.n_embd,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.n_ff,
+        cfg.head_dim,
+    );
     let (eps, offset) = (cfg.rms_eps, cfg.norm_weight_offset);
     if hidden.len() != n * d {
         return Err(ModelError::Kernel {
             layer,
             op: "input",
-            what: format!("hidden has {} values for {n} tokens of width {d}", hidden.len()),
+            what: format!(
+                "hidden has {} values for {n} tokens of width {d}",
+                hidden.len()
+            ),
         });
     }
     scratch.reserve(cfg, n);

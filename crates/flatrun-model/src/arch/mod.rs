@@ -155,7 +155,9 @@ pub(crate) fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
     let n_layer = keys.require_usize("num_hidden_layers")?;
     let n_embd = keys.require_usize("hidden_size")?;
     let n_head = keys.require_usize("num_attention_heads")?;
-    let n_kv_head = keys.u64("num_key_value_heads").map_or(n_head, |v| v as usize);
+    let n_kv_head = keys
+        .u64("num_key_value_heads")
+        .map_or(n_head, |v| v as usize);
     if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
         return Err(crate::ModelError::BadValue {
             key: "num_key_value_heads".into(),

@@ -65,7 +65,7 @@ impl SpecialTokens {
 
     fn from_list(mut by_length: Vec<Special>) -> SpecialTokens {
         by_length.retain(|s| !s.text.is_empty());
-        by_length.sort_by(|a, b| b.text.len().cmp(&a.text.len()));
+        by_length.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
         let mut lengths_by_first_byte: HashMap<u8, Vec<usize>> = HashMap::new();
         let mut position = HashMap::new();
         for (i, s) in by_length.iter().enumerate() {

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 pub fn models_dir() -> PathBuf {
     match std::env::var_os("FLATRUN_MODELS") {
         Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/models"),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/flatrun/models"),
     }
 }
 
@@ -21,7 +22,10 @@ pub fn model(file: &str) -> Option<PathBuf> {
     if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
         panic!("{} is missing and FLATRUN_REQUIRE_MODELS=1", path.display());
     }
-    eprintln!("skipping: {} not found (run scripts/fetch-models.py)", path.display());
+    eprintln!(
+        "skipping: {} not found (run scripts/fetch-models.py)",
+        path.display()
+    );
     None
 }
 
