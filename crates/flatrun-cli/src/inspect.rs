@@ -21,6 +21,12 @@ pub struct InspectArgs {
     /// Also list the tensors of decoder layer N (see `inspect_plan`).
     #[arg(long, value_name = "N")]
     pub layer: Option<usize>,
+    /// Decode one tensor (canonical or original name) and print its value statistics.
+    #[arg(long, value_name = "NAME")]
+    pub tensor: Option<String>,
+    /// With --tensor: write the decoded values as a row-major f32 `.npy` file.
+    #[arg(long, value_name = "FILE.npy", requires = "tensor")]
+    pub dump: Option<PathBuf>,
 }
 
 /// Everything `inspect` reports.
@@ -84,6 +90,15 @@ pub struct TensorRow {
 
 /// Run the command: print the report as text or JSON.
 pub fn run(args: &InspectArgs) -> Result<()> {
+    if let Some(name) = &args.tensor {
+        let r = crate::inspect_tensor::inspect_tensor(&args.path, name, args.dump.as_deref())?;
+        let text = if args.json {
+            serde_json::to_string_pretty(&r)? + "\n"
+        } else {
+            crate::inspect_tensor::render_text(&r)
+        };
+        return write_stdout(&text);
+    }
     let report = inspect(&args.path, args.tensors)?;
     // The memory plan (and `--layer N`) come from `inspect_plan`.
     let plan = crate::inspect_plan::plan(&args.path, args.layer)?;
@@ -98,7 +113,11 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 .map(crate::inspect_plan::render_text)
                 .unwrap_or_default()
     };
-    // A closed pipe (`flatrun inspect … | head`) is not an error.
+    write_stdout(&text)
+}
+
+/// Print to stdout; a closed pipe (`flatrun inspect … | head`) is not an error.
+fn write_stdout(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),

@@ -15,6 +15,7 @@ mod flags;
 mod generation;
 mod inspect;
 mod inspect_plan;
+mod inspect_tensor;
 mod interrupt;
 mod loading;
 mod run;
