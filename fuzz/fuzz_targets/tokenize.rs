@@ -133,7 +133,10 @@ fn synthetic_spm() -> Tokenizer {
     Tokenizer::from_gguf_metadata(&md).expect("synthetic SPM")
 }
 
-fuzz_target!(|data: &[u8]| {
+fuzz_target!(init: {
+    // Load the vocabularies once, outside the per-input timeout.
+    tokenizers();
+}, |data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
@@ -146,7 +149,10 @@ fuzz_target!(|data: &[u8]| {
         .encode(&text, add_special, parse_special)
         .expect("encode never fails on text");
     assert!(ids.iter().all(|&id| (id as usize) < tok.vocab_size()));
-    if !add_special && !parse_special {
+    // Round trip, for vocabularies that can spell every byte (falcon, for
+    // one, has no token for some control bytes and drops them, like llama.cpp;
+    // SentencePiece reads a literal `▁` back as a space, like llama.cpp).
+    if !add_special && !parse_special && (selector as usize % all.len()) < 6 && !text.contains('\u{2581}') {
         assert_eq!(tok.decode(&ids, false).expect("decode"), text, "round trip");
     }
     // Arbitrary ids: decoding may refuse out-of-range ids but never panics.

@@ -79,8 +79,8 @@ pub fn generate(
     // The first event pays for the prompt; every later one is one decode step.
     let mut started = Instant::now();
     let mut prefill = Duration::ZERO;
-    let mut generation = model.generate(prompt, opts)?;
-    while let Some(event) = generation.next() {
+    let generation = model.generate(prompt, opts)?;
+    for event in generation {
         let event = event?;
         if stats.generated_tokens == 0 && prefill.is_zero() {
             prefill = started.elapsed();

@@ -215,7 +215,7 @@ fn bad_flag_values() {
         "--residency",
     );
     assert_short_error(
-        &["run", "--model", m, "--prompt", "hi", "--temperature", "-1"],
+        &["run", "--model", m, "--prompt", "hi", "--temperature=-1"],
         "--temperature",
     );
     assert_short_error(

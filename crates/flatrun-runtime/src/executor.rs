@@ -531,11 +531,12 @@ impl StreamingExecutor {
         let n = self.cfg.n_layer;
         for ahead in 1..=self.prefetch_depth {
             let next = (il + ahead) % (n + 1);
-            let keep = if next == n {
-                self.residency.output_resident
-            } else {
-                self.residency.is_resident(next)
-            };
+            // A streamed head is read chunk by chunk by `output_head`;
+            // populating it whole here would map all of it at once.
+            if next == n && !self.residency.output_resident {
+                continue;
+            }
+            let keep = next == n || self.residency.is_resident(next);
             if !(keep && self.warmed) {
                 p.request(next, self.acquisitions + ahead as u64);
             }
