@@ -17,9 +17,12 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating Python venv at $venv" >&2
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import gguf, numpy, openai, anthropic" 2>/dev/null; then
-  echo "setup: installing Python test tools (gguf, numpy, openai, anthropic)" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check gguf numpy openai anthropic
+# Pinned: the synthetic checkpoints of tests/families.rs are checked by sha256,
+# so the GGUF writer (and numpy's RNG) must not drift.
+py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0"
+if ! "$venv/bin/pip" freeze 2>/dev/null | grep -qx "gguf==0.19.0"; then
+  echo "setup: installing Python test tools ($py_pins)" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check $py_pins
 fi
 
 # tmux drives `flatrun chat` in a real terminal (crates/flatrun-cli/tests/chat_tmux.rs).
