@@ -49,38 +49,9 @@ impl Arch {
     }
 }
 
-/// How RoPE pairs the dimensions of a head.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeLayout {
-    /// Adjacent pairs `(2i, 2i+1)`: llama-architecture GGUFs (the converter
-    /// permuted Q/K rows to make this equal to Hugging Face's rotate-half).
-    Normal,
-    /// Halves `(i, i + d/2)`: NeoX, Qwen, Gemma, and Hugging Face llama.
-    Neox,
-}
-
-/// Context-extension scaling of the RoPE frequencies.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum RopeScaling {
-    None,
-    Linear {
-        factor: f32,
-    },
-    Yarn {
-        factor: f32,
-        orig_ctx: usize,
-        ext_factor: f32,
-        attn_factor: f32,
-        beta_fast: f32,
-        beta_slow: f32,
-    },
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        orig_ctx: usize,
-    },
-}
+// RoPE layout and context scaling are the kernels' own types, so a config
+// feeds `ops::rope` without translation.
+pub use flatrun_kernels::ops::{RopeLayout, RopeScaling};
 
 /// Feed-forward activation of the gated MLP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -5,9 +5,9 @@
 //! data: optional biases, q/k norms, sandwich norms, the activation, the
 //! window and RoPE base of the layer.
 
-use crate::config::{Activation, ModelConfig, RopeLayout as CfgRopeLayout, RopeScaling as Cfg};
+use crate::config::{Activation, ModelConfig};
 use crate::error::{ModelError, Result};
-use flatrun_kernels::ops::{self, AttnConfig, KvSlice, RopeConfig, RopeLayout, RopeScaling};
+use flatrun_kernels::ops::{self, AttnConfig, KvSlice, RopeConfig, RopeScaling};
 use flatrun_kernels::{Kernels, Weight};
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -133,15 +133,12 @@ impl LayerPlan {
     /// The plan of layer `index`; `freq_factors` is the `rope_freqs` tensor.
     pub fn new(cfg: &ModelConfig, index: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
         let windowed = cfg.is_swa(index);
-        let layout = match cfg.rope_layout {
-            CfgRopeLayout::Normal => RopeLayout::Normal,
-            CfgRopeLayout::Neox => RopeLayout::Neox,
-        };
+        let layout = cfg.rope_layout;
         // Windowed layers rotate with their own base and no context scaling.
         let (theta_base, scaling) = if windowed {
             (cfg.rope_theta_swa, RopeScaling::None)
         } else {
-            (cfg.rope_theta, kernel_scaling(cfg.rope_scaling))
+            (cfg.rope_theta, cfg.rope_scaling)
         };
         LayerPlan {
             index,
@@ -165,39 +162,6 @@ impl LayerPlan {
                 softcap: None,
             },
         }
-    }
-}
-
-fn kernel_scaling(s: Cfg) -> RopeScaling {
-    match s {
-        Cfg::None => RopeScaling::None,
-        Cfg::Linear { factor } => RopeScaling::Linear { factor },
-        Cfg::Yarn {
-            factor,
-            orig_ctx,
-            ext_factor,
-            attn_factor,
-            beta_fast,
-            beta_slow,
-        } => RopeScaling::Yarn {
-            factor,
-            orig_ctx,
-            ext_factor,
-            attn_factor,
-            beta_fast,
-            beta_slow,
-        },
-        Cfg::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            orig_ctx,
-        } => RopeScaling::Llama3 {
-            factor,
-            low_freq_factor,
-            high_freq_factor,
-            orig_ctx,
-        },
     }
 }
 
