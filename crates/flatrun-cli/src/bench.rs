@@ -8,11 +8,10 @@
 
 use crate::flags::{human_bytes, parse_residency, residency_name, EngineFlags, OutputFlags};
 use crate::loading::load;
+use crate::progress::{on_terminal, Progress};
 use anyhow::{bail, Result};
 use flatrun_runtime::{argmax, Residency};
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -118,10 +117,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
             .map(|i| 100 + (i * 7919) % vocab.saturating_sub(200).max(1))
             .collect();
 
-        let bar = progress(
-            args.repetitions as u64,
+        // One bar step per prefill and per decoded token of every repetition.
+        let bar = Progress::bar(
+            on_terminal(quiet),
+            (args.repetitions * (1 + args.n_gen)) as u64,
             &format!("bench {}", residency_name(mode)),
-            quiet,
         );
         let mut pp = Vec::new();
         let mut tg = Vec::new();
@@ -136,6 +136,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let started = Instant::now();
             let logits = session.step(&prompt)?;
             let prefill = started.elapsed();
+            bar.inc();
             if args.n_prompt > 0 {
                 pp.push(args.n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
             }
@@ -145,17 +146,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
             for _ in 0..args.n_gen {
                 let logits = session.step(&[next])?;
                 next = argmax(&logits);
+                bar.inc();
             }
             if args.n_gen > 0 {
                 tg.push(args.n_gen as f64 / started.elapsed().as_secs_f64().max(1e-9));
             }
-            if let Some(bar) = &bar {
-                bar.inc(1);
-            }
         }
-        if let Some(bar) = bar {
-            bar.finish_and_clear();
-        }
+        bar.finish();
         let peak = flatrun_runtime::memory::rss().peak;
         let row = |test: String, tokens: usize, samples: Vec<f64>| BenchRow {
             model: args
@@ -196,18 +193,6 @@ fn residency_name_exact(r: Residency) -> String {
         Residency::Cap(bytes) => format!("cap={bytes}"),
         other => residency_name(other),
     }
-}
-
-fn progress(len: u64, message: &str, quiet: bool) -> Option<ProgressBar> {
-    if quiet || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = ProgressBar::new(len);
-    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
-        bar.set_style(style);
-    }
-    bar.set_message(message.to_string());
-    Some(bar)
 }
 
 /// The rows as a markdown table.

@@ -1,15 +1,20 @@
 //! `flatrun chat`: an interactive conversation with history.
 //!
-//! Each turn renders the whole conversation with the model's chat template
-//! and generates the assistant's answer. Commands: `/reset` (forget the
-//! history), `/stats` (counts and speed), `/help`, `exit` or Ctrl-D (leave).
+//! Each turn renders the whole conversation with the model's chat template,
+//! but only evaluates what the KV cache does not hold yet: the sequence is
+//! kept between turns, rewound to the longest token prefix it shares with
+//! the new rendering (an answer may tokenize differently once templated),
+//! and only the rest is fed. Commands: `/reset` (forget the history and the
+//! cache), `/stats` (counts, cached tokens, speed), `/help`, `exit` or
+//! Ctrl-D (leave).
 //! A line ending in `\` continues on the next line; `"""` opens and closes a
 //! multi-line block. Ctrl-C stops the current answer and keeps the session.
 
 use crate::flags::{human_bytes, EngineFlags, OutputFlags, SamplingFlags};
-use crate::generation::{generate, GenerationStats};
+use crate::generation::{generate, reusable_prefix, GenerationRequest, GenerationStats};
 use crate::interrupt::Interrupt;
 use crate::loading::{finish_profile, header, load, peak_rss};
+use crate::progress::on_terminal;
 use anyhow::Result;
 use flatrun_runtime::ChatMessage;
 use std::io::{BufRead, Write};
@@ -44,6 +49,11 @@ enum Input {
     Exit,
     Empty,
 }
+
+/// The furthest a cached sequence is rewound; beyond it the prompt is
+/// evaluated afresh (a sliding-window cache keeps only a little history
+/// beyond its window, so a long rewind could need positions it dropped).
+const MAX_REWIND: usize = 256;
 
 const HELP: &str = "commands: /reset (forget the conversation), /stats, /help, exit (or Ctrl-D)\n\
                     multi-line: end a line with \\ to continue, or wrap text in \"\"\" ... \"\"\"\n\
@@ -122,6 +132,8 @@ pub fn run(args: ChatArgs) -> Result<()> {
         .map(|s| ChatMessage::new("system", s.clone()))
         .collect();
     let mut history = system.clone();
+    // The KV cache of the conversation so far, reused across turns.
+    let mut cache = Some(model.new_sequence());
     let mut last = GenerationStats::default();
     let mut turns = 0usize;
     let mut total_generated = 0usize;
@@ -145,14 +157,21 @@ pub fn run(args: ChatArgs) -> Result<()> {
             }
             Input::Reset => {
                 history = system.clone();
+                cache = Some(model.new_sequence());
                 eprintln!("(conversation cleared)");
                 continue;
             }
             Input::Stats => {
+                let (cached, capacity) = cache
+                    .as_ref()
+                    .map_or((0, 0), |seq| (seq.len(), seq.capacity()));
                 eprintln!(
-                    "turns {turns}, history {} messages, generated {total_generated} tok in all, peak RSS {}\nlast answer: {}",
+                    "turns {turns}, history {} messages, cached {cached} of {capacity} tokens, generated {total_generated} tok in all, peak RSS {}\n\
+                     last turn: prefilled {} tok, reused {} cached tok\nlast answer: {}",
                     history.len(),
                     human_bytes(peak_rss()),
+                    last.prompt_tokens,
+                    last.cached_tokens,
                     last.summary_line(peak_rss())
                 );
                 continue;
@@ -164,27 +183,36 @@ pub fn run(args: ChatArgs) -> Result<()> {
         history.push(ChatMessage::new("user", message));
         let rendered = model.apply_chat_template(&history, true)?;
         let prompt = model.encode(&rendered, true)?;
+        // Reuse the cached prefix; feed only the tokens after it.
+        let mut seq = cache.take().unwrap_or_else(|| model.new_sequence());
+        let keep = reusable_prefix(seq.tokens(), &prompt);
+        if seq.len() - keep > MAX_REWIND {
+            seq = model.new_sequence();
+        } else {
+            seq.truncate(keep);
+        }
+        let new_tokens = prompt[seq.len()..].to_vec();
         let mut answer = String::new();
         let stdout = std::io::stdout();
         let mut out = stdout.lock();
-        let result = generate(
-            model,
-            prompt,
-            sampling.clone(),
-            args.max_new,
-            args.sampling.stop.clone(),
-            Some(interrupt.flag()),
-            |piece| {
-                answer.push_str(piece);
-                out.write_all(piece.as_bytes())?;
-                out.flush()?;
-                Ok(())
-            },
-        );
+        let request = GenerationRequest {
+            sampling: sampling.clone(),
+            max_new: args.max_new,
+            stop: args.sampling.stop.clone(),
+            interrupt: Some(interrupt.flag()),
+            progress: on_terminal(args.output.quiet),
+        };
+        let result = generate(model, seq, new_tokens, request, |piece| {
+            answer.push_str(piece);
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+            Ok(())
+        });
         writeln!(out)?;
         out.flush()?;
         match result {
-            Ok(stats) => {
+            Ok((stats, seq)) => {
+                cache = Some(seq);
                 if stats.finish_reason == "interrupted" {
                     eprintln!("[stopped]");
                 } else if stats.finish_reason == "context" {
@@ -199,8 +227,10 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 history.push(ChatMessage::new("assistant", answer));
             }
             Err(e) => {
-                // Keep the session: drop the failed turn and say why.
+                // Keep the session: drop the failed turn (and the cache,
+                // which may hold part of it) and say why.
                 history.pop();
+                cache = Some(model.new_sequence());
                 eprintln!("error: {e:#}");
             }
         }

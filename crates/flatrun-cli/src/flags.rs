@@ -3,7 +3,10 @@
 //! how chatty the command is ([`OutputFlags`]).
 
 use anyhow::{bail, Context, Result};
-use flatrun_runtime::{BackendKind, KvType, LoadOptions, Prefetch, Residency, SamplingParams};
+use flatrun_runtime::{
+    BackendKind, KvType, LayerSelection, LoadOptions, Prefetch, Residency, SamplingParams,
+    WeightsMode,
+};
 use std::path::{Path, PathBuf};
 
 /// How the model is loaded and executed.
@@ -29,16 +32,18 @@ pub struct EngineFlags {
     /// KV cache element type: f16 or f32.
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub kv_type: String,
-    /// Weights: `keep` (quantized blocks, fused kernels); `f16`/`f32` (dequantize once) are not supported yet.
+    /// Weights: `keep` (quantized blocks, fused kernels), or `f16`/`f32` (dequantize the
+    /// resident layers once at load; needs --residency resident).
     #[arg(long, default_value = "keep", value_parser = ["keep", "f16", "f32"])]
     pub weights: String,
-    /// Run only these decoder layers, e.g. `0-11` (research); only the full range is supported yet.
-    #[arg(long)]
+    /// Run only these decoder layers, e.g. `0-11`, `5` or `0-3,8-11` (research; the others
+    /// are skipped: identity on the residual stream) [default: all].
+    #[arg(long, value_name = "RANGE")]
     pub layers: Option<String>,
     /// Print the profile summary (per-op times, tokens/s, I/O wait, memory) at the end.
     #[arg(long)]
     pub profile: bool,
-    /// Print per-layer timings as well as the summary.
+    /// Print a per-layer table (I/O wait, each op, total, bytes read) as well as the summary.
     #[arg(long)]
     pub profile_detailed: bool,
     /// Write a Chrome-trace JSON profile to FILE (open in ui.perfetto.dev).
@@ -110,18 +115,20 @@ impl EngineFlags {
             .kv_type
             .parse()
             .map_err(|e| anyhow::anyhow!("--kv-type: {e}"))?;
-        if self.weights != "keep" {
+        let weights: WeightsMode = self
+            .weights
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--weights: {e}"))?;
+        let layers = match &self.layers {
+            Some(range) => Some(parse_layers(range)?),
+            None => None,
+        };
+        let residency = self.residency_for(model)?;
+        if weights != WeightsMode::Keep && residency == Residency::Stream {
             bail!(
-                "--weights {} is not supported yet: the runtime always runs quantized blocks with fused kernels\n\
-                 hint: drop the flag (or use --weights keep)",
-                self.weights
-            );
-        }
-        if let Some(range) = &self.layers {
-            check_layer_range(range)?;
-            bail!(
-                "--layers {range} is not supported yet: the runtime always runs every decoder layer\n\
-                 hint: drop the flag"
+                "--weights {weights} needs --residency resident: streamed layers would be dequantized again \
+                 at every acquisition (several times the bytes per token)\n\
+                 hint: add --residency resident, or use --weights keep"
             );
         }
         if self.threads == Some(0) {
@@ -133,7 +140,7 @@ impl EngineFlags {
         Ok(LoadOptions {
             backend,
             threads: self.threads,
-            residency: self.residency_for(model)?,
+            residency,
             prefetch: if self.prefetch == 0 {
                 Prefetch::Off
             } else {
@@ -145,6 +152,8 @@ impl EngineFlags {
             kv_type,
             profile: self.profiling(),
             trace_memory: self.trace_memory || self.profile_detailed,
+            weights,
+            layers,
             ..LoadOptions::default()
         })
     }
@@ -187,17 +196,13 @@ pub fn parse_residency(text: &str) -> Result<Residency> {
     })
 }
 
-/// `A-B` or `N`, with `A <= B`.
-fn check_layer_range(range: &str) -> Result<(usize, usize)> {
-    let parse = |s: &str| s.trim().parse::<usize>().ok();
-    let parsed = match range.split_once('-') {
-        Some((a, b)) => parse(a).zip(parse(b)),
-        None => parse(range).map(|n| (n, n)),
-    };
-    match parsed {
-        Some((a, b)) if a <= b => Ok((a, b)),
-        _ => bail!("--layers `{range}` is not a range like 0-11"),
-    }
+/// `0-11`, `5` or `0-3,8-11`, with a message that says what to write.
+pub fn parse_layers(range: &str) -> Result<LayerSelection> {
+    range.parse::<LayerSelection>().map_err(|_| {
+        anyhow::anyhow!(
+            "--layers `{range}` is not a layer range\nhint: write it like 0-11, 5, or 0-3,8-11 (inclusive, 0-based)"
+        )
+    })
 }
 
 /// Bytes of the checkpoint's weight files (a file, or the files of a directory).
@@ -285,9 +290,10 @@ mod tests {
 
     #[test]
     fn layer_ranges() {
-        assert_eq!(check_layer_range("0-11").ok(), Some((0, 11)));
-        assert_eq!(check_layer_range("3").ok(), Some((3, 3)));
-        assert!(check_layer_range("5-2").is_err());
-        assert!(check_layer_range("x").is_err());
+        assert_eq!(parse_layers("0-11").unwrap().count(30), 12);
+        assert_eq!(parse_layers("3").unwrap().count(30), 1);
+        assert_eq!(parse_layers("0-3,8-11").unwrap().count(30), 8);
+        assert!(parse_layers("5-2").is_err());
+        assert!(parse_layers("x").is_err());
     }
 }

@@ -1,15 +1,29 @@
 //! One streamed generation with its timings, shared by `run` and `chat`.
+//!
+//! The prompt is fed on top of a [`Sequence`] that may already hold a
+//! cached prefix (the earlier turns of a chat). A long prompt goes through
+//! in chunks of [`PREFILL_CHUNK`] tokens so that a progress bar can follow
+//! it and Ctrl-C can stop it between chunks.
 
+use crate::progress::Progress;
 use anyhow::Result;
-use flatrun_runtime::{FinishReason, GenerateOptions, Model, SamplingParams};
+use flatrun_runtime::{
+    FinishReason, GenerateOptions, Model, SamplingParams, Sequence, StepOptions,
+};
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// Tokens per prefill step when the prompt is long.
+pub const PREFILL_CHUNK: usize = 128;
+
 /// Counts and timings of one generation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct GenerationStats {
+    /// Prompt tokens evaluated by this generation (not counting the cached prefix).
     pub prompt_tokens: usize,
+    /// Tokens that were already in the KV cache and were reused.
+    pub cached_tokens: usize,
     pub generated_tokens: usize,
     /// Prompt evaluation (and the first sample), seconds.
     pub prefill_seconds: f64,
@@ -24,8 +38,13 @@ pub struct GenerationStats {
 impl GenerationStats {
     /// The one-line summary printed at the end of `run` and by `/stats`.
     pub fn summary_line(&self, peak_rss: u64) -> String {
+        let cached = if self.cached_tokens > 0 {
+            format!(" (+{} cached)", self.cached_tokens)
+        } else {
+            String::new()
+        };
         format!(
-            "prompt {} tok, generated {} tok, prefill {:.1} tok/s, decode {:.1} tok/s, peak RSS {} ({})",
+            "prompt {} tok{cached}, generated {} tok, prefill {:.1} tok/s, decode {:.1} tok/s, peak RSS {} ({})",
             self.prompt_tokens,
             self.generated_tokens,
             self.prefill_tok_s,
@@ -44,47 +63,103 @@ fn rate(tokens: usize, time: Duration) -> f64 {
     }
 }
 
-/// Generate from `prompt` (token ids), calling `emit` with each piece of text
-/// as soon as it is complete. Stops early when `interrupt` becomes true.
+/// What one generation is asked to do.
+pub struct GenerationRequest<'a> {
+    pub sampling: SamplingParams,
+    pub max_new: usize,
+    pub stop: Vec<String>,
+    /// Stop early when this becomes true (Ctrl-C).
+    pub interrupt: Option<&'a AtomicBool>,
+    /// Show a prefill progress bar (on a terminal, for long prompts).
+    pub progress: bool,
+}
+
+/// Feed `prompt` on top of `seq`, then generate, calling `emit` with each
+/// piece of text as soon as it is complete. Returns the statistics and the
+/// sequence (every token fed; the last sampled token is not).
 pub fn generate(
     model: &mut Model,
+    mut seq: Sequence,
     prompt: Vec<u32>,
-    sampling: SamplingParams,
-    max_new: usize,
-    stop: Vec<String>,
-    interrupt: Option<&AtomicBool>,
+    req: GenerationRequest<'_>,
     mut emit: impl FnMut(&str) -> Result<()>,
-) -> Result<GenerationStats> {
-    let capacity = model.executor().context_size();
-    if prompt.len() >= capacity {
+) -> Result<(GenerationStats, Sequence)> {
+    let capacity = seq.capacity();
+    let cached = seq.len();
+    if cached + prompt.len() >= capacity {
         anyhow::bail!(
             "context overflow: the prompt has {} tokens but the context holds {capacity}\nhint: shorten the prompt or raise --ctx",
-            prompt.len()
+            cached + prompt.len()
         );
+    }
+    if prompt.is_empty() {
+        anyhow::bail!("the prompt is empty after tokenization");
     }
     let mut stats = GenerationStats {
         prompt_tokens: prompt.len(),
+        cached_tokens: cached,
         finish_reason: "length".into(),
         ..GenerationStats::default()
     };
-    if max_new == 0 {
-        return Ok(stats);
+    let interrupted = || {
+        req.interrupt
+            .is_some_and(|flag| flag.load(Ordering::Relaxed))
+    };
+    let started = Instant::now();
+
+    // Prefill all but the last chunk step by step (progress, Ctrl-C).
+    let mut fed = 0;
+    if prompt.len() > PREFILL_CHUNK {
+        let bar = Progress::bar(req.progress, prompt.len() as u64, "prefill");
+        while prompt.len() - fed > PREFILL_CHUNK {
+            let end = fed + PREFILL_CHUNK;
+            model
+                .executor_mut()
+                .step(&mut seq, &prompt[fed..end], StepOptions::default())?;
+            fed = end;
+            bar.set(fed as u64);
+            if interrupted() {
+                stats.prompt_tokens = fed;
+                stats.finish_reason = "interrupted".into();
+                stats.prefill_seconds = started.elapsed().as_secs_f64();
+                return Ok((stats, seq));
+            }
+        }
+        bar.finish();
     }
+    if req.max_new == 0 {
+        if fed < prompt.len() {
+            model
+                .executor_mut()
+                .step(&mut seq, &prompt[fed..], StepOptions::default())?;
+        }
+        stats.prefill_seconds = started.elapsed().as_secs_f64();
+        stats.prefill_tok_s = rate(stats.prompt_tokens, started.elapsed());
+        return Ok((stats, seq));
+    }
+
+    // The last chunk and the first sample, then one decode step per event.
     let opts = GenerateOptions {
-        sampling,
-        max_new,
-        stop,
+        sampling: req.sampling,
+        max_new: req.max_new,
+        stop: req.stop,
         stop_at_eos: true,
     };
-    // The first event pays for the prompt; every later one is one decode step.
-    let mut started = Instant::now();
+    let mut generation = model.generate_in(seq, prompt[fed..].to_vec(), opts)?;
     let mut prefill = Duration::ZERO;
-    let generation = model.generate(prompt, opts)?;
-    for event in generation {
-        let event = event?;
+    let mut decode_started = Instant::now();
+    let mut failure = None;
+    for event in generation.by_ref() {
+        let event = match event {
+            Ok(event) => event,
+            Err(e) => {
+                failure = Some(e);
+                break;
+            }
+        };
         if stats.generated_tokens == 0 && prefill.is_zero() {
             prefill = started.elapsed();
-            started = Instant::now();
+            decode_started = Instant::now();
         }
         if event.finish != Some(FinishReason::Context) {
             stats.generated_tokens += 1;
@@ -100,12 +175,16 @@ pub fn generate(
             .into();
             break;
         }
-        if interrupt.is_some_and(|flag| flag.load(Ordering::Relaxed)) {
+        if interrupted() {
             stats.finish_reason = "interrupted".into();
             break;
         }
     }
-    let decode = started.elapsed();
+    let seq = generation.into_sequence();
+    if let Some(e) = failure {
+        return Err(e.into());
+    }
+    let decode = decode_started.elapsed();
     // The EOS token ends the text but is not part of it.
     if stats.finish_reason == "eos" {
         stats.generated_tokens = stats.generated_tokens.saturating_sub(1);
@@ -114,5 +193,29 @@ pub fn generate(
     stats.decode_seconds = decode.as_secs_f64();
     stats.prefill_tok_s = rate(stats.prompt_tokens, prefill);
     stats.decode_tok_s = rate(stats.generated_tokens.saturating_sub(1), decode);
-    Ok(stats)
+    Ok((stats, seq))
+}
+
+/// How many leading tokens `cached` and `prompt` share, keeping at least one
+/// prompt token to feed (a step needs a token to produce logits).
+pub fn reusable_prefix(cached: &[u32], prompt: &[u32]) -> usize {
+    let common = cached
+        .iter()
+        .zip(prompt)
+        .take_while(|(a, b)| a == b)
+        .count();
+    common.min(prompt.len().saturating_sub(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_reuse_keeps_one_token_to_feed() {
+        assert_eq!(reusable_prefix(&[1, 2, 3], &[1, 2, 3, 4, 5]), 3);
+        assert_eq!(reusable_prefix(&[1, 2, 9], &[1, 2, 3, 4]), 2);
+        assert_eq!(reusable_prefix(&[1, 2, 3], &[1, 2, 3]), 2);
+        assert_eq!(reusable_prefix(&[], &[7]), 0);
+    }
 }

@@ -1,11 +1,10 @@
 //! Loading a model for a command: friendly checks of the path, a spinner on
 //! a terminal, and the "what was detected" header.
 
-use crate::flags::{human_bytes, residency_name, EngineFlags};
+use crate::flags::{human_bytes, residency_name, weight_bytes, EngineFlags};
+use crate::progress::{on_terminal, Progress};
 use anyhow::{bail, Context, Result};
-use flatrun_runtime::{LoadOptions, Model};
-use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
+use flatrun_runtime::{LoadOptions, Model, WeightsMode};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -44,30 +43,25 @@ pub fn check_model_path(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// A spinner on stderr when it is a terminal (and not quiet).
-pub fn spinner(message: &str, quiet: bool) -> Option<ProgressBar> {
-    if quiet || !std::io::stderr().is_terminal() {
-        return None;
-    }
-    let bar = ProgressBar::new_spinner();
-    if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} {elapsed}") {
-        bar.set_style(style);
-    }
-    bar.set_message(message.to_string());
-    bar.enable_steady_tick(Duration::from_millis(100));
-    Some(bar)
-}
-
 /// Load `path` with `flags`, showing a spinner on a terminal.
 pub fn load(path: &Path, flags: &EngineFlags, quiet: bool) -> Result<Loaded> {
     check_model_path(path)?;
     let options = flags.load_options(path)?;
-    let bar = spinner(&format!("loading {}", path.display()), quiet);
+    let mut what = format!(
+        "mapping {} ({})",
+        path.display(),
+        human_bytes(weight_bytes(path))
+    );
+    if options.weights != WeightsMode::Keep {
+        what.push_str(&format!(
+            " and dequantizing its layers to {}",
+            options.weights
+        ));
+    }
+    let bar = Progress::spinner(on_terminal(quiet), &what);
     let started = Instant::now();
     let result = Model::load(path, options.clone());
-    if let Some(bar) = bar {
-        bar.finish_and_clear();
-    }
+    bar.finish();
     let model = result.map_err(|e| anyhow::anyhow!("cannot load {}: {e}", path.display()))?;
     Ok(Loaded {
         model,
@@ -90,8 +84,23 @@ pub fn header(loaded: &Loaded) -> String {
         Err(_) => "none".to_string(),
     };
     let plan = exec.residency();
+    let mut extra = String::new();
+    if loaded.options.weights != WeightsMode::Keep {
+        extra.push_str(&format!(
+            "\nweights:   layers dequantized to {} ({})",
+            loaded.options.weights,
+            human_bytes(exec.dense_weight_bytes())
+        ));
+    }
+    if let Some(layers) = &loaded.options.layers {
+        extra.push_str(&format!(
+            "\nlayers:    {layers} only ({} of {})",
+            layers.count(cfg.n_layer),
+            cfg.n_layer
+        ));
+    }
     format!(
-        "model:     {}\nformat:    {}\narch:      {} ({} layers, width {}, {} heads / {} kv)\ntokenizer: {}\ntemplate:  {}\ncontext:   {} tokens\nresidency: {} ({} resident, {} streamed per token)\nloaded in  {:.2} s",
+        "model:     {}\nformat:    {}\narch:      {} ({} layers, width {}, {} heads / {} kv)\ntokenizer: {}\ntemplate:  {}\ncontext:   {} tokens\nresidency: {} ({} resident, {} streamed per token){extra}\nloaded in  {:.2} s",
         model.path().display(),
         exec.backend().name(),
         cfg.arch.name(),
@@ -119,6 +128,13 @@ pub fn finish_profile(model: &Model, flags: &EngineFlags) -> Result<()> {
     let profiler = model.profiler();
     if flags.profile || flags.profile_detailed {
         eprintln!("{}", profiler.summary().trim_end());
+    }
+    if flags.profile_detailed {
+        eprintln!(
+            "{}",
+            crate::profile_table::layer_table(profiler, model.executor().layer_selection())
+                .trim_end()
+        );
     }
     if let Some(path) = &flags.profile_save {
         profiler

@@ -18,6 +18,8 @@ mod inspect_plan;
 mod inspect_tensor;
 mod interrupt;
 mod loading;
+mod profile_table;
+mod progress;
 mod run;
 mod run_cmd;
 mod serve;

@@ -1,123 +1,70 @@
-//! `flatrun run`: generate from a prompt (greedy by default), optionally
-//! dumping the logits of every evaluated position and a profile.
+//! `flatrun run --dump-logits FILE.npy`: generate greedily (or with the
+//! sampling flags) and write the f32 logits of every evaluated position —
+//! the prompt's, then one row per generated token that was fed back — as a
+//! `[positions, vocab]` NumPy matrix. The fidelity and `--weights` /
+//! `--layers` tests compare these dumps.
 
+use crate::flags::{EngineFlags, OutputFlags};
+use crate::loading::{finish_profile, header, load};
 use anyhow::{Context, Result};
-use flatrun_runtime::model::Session;
-use flatrun_runtime::{
-    BackendKind, ChatMessage, KvType, LoadOptions, Model, Prefetch, Residency, SamplingParams,
-    StepOptions,
-};
+use flatrun_runtime::{SamplingParams, StepOptions};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::Path;
 
-/// Arguments of `flatrun run`.
-#[derive(Debug, clap::Args)]
-pub struct RunArgs {
-    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
-    #[arg(long, short)]
-    pub model: PathBuf,
-    /// Prompt text.
-    #[arg(long, short)]
-    pub prompt: String,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 128)]
+/// What to evaluate and where the logits go.
+pub struct DumpRequest<'a> {
+    pub model: &'a Path,
+    /// The prompt, already wrapped in the chat template when asked.
+    pub prompt: DumpPrompt,
     pub max_new: usize,
-    /// `stream` (one layer resident), `resident`, or `cap=SIZE` (e.g. cap=200M).
-    #[arg(long, default_value = "resident")]
-    pub residency: String,
-    /// `native` (SIMD, threaded) or `reference` (scalar).
-    #[arg(long, default_value = "native")]
-    pub backend: String,
-    /// Kernel threads (default: physical cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
-    /// Wrap the prompt in the model's chat template as one user turn.
-    #[arg(long)]
-    pub chat: bool,
-    /// Write the f32 logits of every evaluated position as `[positions, vocab]` .npy.
-    #[arg(long)]
-    pub dump_logits: Option<PathBuf>,
-    /// Context size in tokens.
-    #[arg(long)]
-    pub ctx: Option<usize>,
-    /// KV cache type: f16 or f32.
-    #[arg(long, default_value = "f16")]
-    pub kv_type: String,
-    /// Layers read ahead by the prefetch thread (0 = off).
-    #[arg(long, default_value_t = 1)]
-    pub prefetch: usize,
-    /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
-    pub temperature: f32,
-    /// Sampling seed.
-    #[arg(long)]
-    pub seed: Option<u64>,
-    /// Print the profile summary (per-op times, tokens/s, I/O wait, memory).
-    #[arg(long)]
-    pub profile: bool,
-    /// Write a Chrome-trace JSON profile (open in ui.perfetto.dev).
-    #[arg(long)]
-    pub profile_save: Option<PathBuf>,
+    pub sampling: SamplingParams,
+    pub engine: &'a EngineFlags,
+    pub output: OutputFlags,
+    pub path: &'a Path,
 }
 
-/// Run `flatrun run`.
-pub fn run(args: RunArgs) -> Result<()> {
-    let residency: Residency = args.residency.parse()?;
-    let backend: BackendKind = args.backend.parse()?;
-    let kv_type: KvType = args.kv_type.parse()?;
-    let profiling = args.profile || args.profile_save.is_some();
-    let opts = LoadOptions {
-        backend,
-        threads: args.threads,
-        residency,
-        prefetch: if args.prefetch == 0 {
-            Prefetch::Off
-        } else {
-            Prefetch::Ahead {
-                depth: args.prefetch,
-            }
-        },
-        ctx: args.ctx,
-        kv_type,
-        profile: profiling,
-        trace_memory: profiling,
-        ..LoadOptions::default()
-    };
-    let mut model = Model::load(&args.model, opts)
-        .with_context(|| format!("loading {}", args.model.display()))?;
+/// The prompt as plain text or as chat messages to render.
+pub enum DumpPrompt {
+    Text(String),
+    Chat(Vec<flatrun_runtime::ChatMessage>),
+}
 
-    let text = if args.chat {
-        model.apply_chat_template(&[ChatMessage::new("user", args.prompt.clone())], true)?
-    } else {
-        args.prompt.clone()
+/// Evaluate the prompt, generate, and write every position's logits.
+pub fn dump_logits(req: DumpRequest<'_>) -> Result<()> {
+    let quiet = req.output.quiet;
+    let mut loaded = load(req.model, req.engine, quiet)?;
+    if !quiet {
+        eprintln!("{}", header(&loaded));
+    }
+    let model = &mut loaded.model;
+    let text = match req.prompt {
+        DumpPrompt::Text(text) => text,
+        DumpPrompt::Chat(messages) => model.apply_chat_template(&messages, true)?,
     };
     let prompt = model.encode(&text, true)?;
     let tokenizer = model.tokenizer()?.clone();
     let stop_ids = tokenizer.stop_ids().to_vec();
     let vocab = model.executor().vocab_size();
-    let mut sampler = flatrun_model::sampling::Sampler::new(SamplingParams {
-        temperature: args.temperature,
-        seed: args.seed,
-        ..SamplingParams::default()
-    });
+    let mut sampler = flatrun_model::sampling::Sampler::new(req.sampling);
 
-    let dump = args.dump_logits.is_some();
+    // The prompt: every position's logits.
     let mut dumped: Vec<f32> = Vec::new();
-    let mut session: Session = model.session();
+    let mut session = model.session();
     let mut out = session.step_with(
         &prompt,
         StepOptions {
-            all_logits: dump,
+            all_logits: true,
             hidden: false,
         },
     )?;
     if let Some(all) = out.all_logits.take() {
         dumped.extend_from_slice(&all);
     }
+    // Each generated token is printed, fed back, and its logits appended.
     let mut decoder = flatrun_model::tokenizer::StreamDecoder::new(&tokenizer);
     let stdout = std::io::stdout();
     let mut stdout = stdout.lock();
-    for _ in 0..args.max_new {
+    for _ in 0..req.max_new {
         let history = session.sequence().tokens().to_vec();
         let id = sampler.sample(&mut out.logits, &history);
         if stop_ids.contains(&id) {
@@ -132,27 +79,18 @@ pub fn run(args: RunArgs) -> Result<()> {
             break;
         }
         out = session.step_with(&[id], StepOptions::default())?;
-        if dump {
-            dumped.extend_from_slice(&out.logits);
-        }
+        dumped.extend_from_slice(&out.logits);
     }
     write!(stdout, "{}", decoder.finish())?;
     writeln!(stdout)?;
     drop(session);
 
-    if let Some(path) = &args.dump_logits {
-        let rows = dumped.len() / vocab.max(1);
-        flatrun_runtime::npy::write_f32_matrix(path, &dumped, rows, vocab)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {rows} × {vocab} logits to {}", path.display());
+    let rows = dumped.len() / vocab.max(1);
+    flatrun_runtime::npy::write_f32_matrix(req.path, &dumped, rows, vocab)
+        .with_context(|| format!("cannot write {}", req.path.display()))?;
+    if !quiet {
+        eprintln!("wrote {rows} × {vocab} logits to {}", req.path.display());
+        eprintln!("{}", model.profiler().summary().trim_end());
     }
-    let profiler = model.profiler();
-    eprintln!("{}", profiler.summary().trim_end());
-    if let Some(path) = &args.profile_save {
-        profiler
-            .write_chrome_trace(path)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("profile written to {}", path.display());
-    }
-    Ok(())
+    finish_profile(model, req.engine)
 }

@@ -1,12 +1,13 @@
 //! `flatrun run` (the default command): load, print what was detected,
 //! stream the generated text to stdout, end with a one-line summary.
 //!
-//! With `--dump-logits` it hands over to the runtime's logits-dumping
-//! runner ([`crate::run`]), which the fidelity tests drive.
+//! With `--dump-logits` it hands over to the logits-dumping runner
+//! ([`crate::run`]), which the fidelity, `--weights` and `--layers` tests drive.
 
 use crate::flags::{read_text_file, EngineFlags, OutputFlags, SamplingFlags};
-use crate::generation::{generate, GenerationStats};
+use crate::generation::{generate, GenerationRequest, GenerationStats};
 use crate::loading::{finish_profile, header, load, peak_rss};
+use crate::progress::on_terminal;
 use anyhow::{bail, Result};
 use flatrun_runtime::ChatMessage;
 use serde::Serialize;
@@ -76,7 +77,7 @@ fn prompt_text(cmd: &RunCommand) -> Result<String> {
     let mut text = String::new();
     stdin.lock().read_to_string(&mut text)?;
     if text.trim().is_empty() {
-        bail!("the prompt read from standard input is empty");
+        bail!("the prompt read from standard input is empty\nhint: pipe some text in, or pass --prompt TEXT or --prompt-file FILE");
     }
     Ok(text)
 }
@@ -84,11 +85,32 @@ fn prompt_text(cmd: &RunCommand) -> Result<String> {
 /// Run `flatrun run`.
 pub fn run(cmd: RunCommand) -> Result<()> {
     let text = prompt_text(&cmd)?;
-    if cmd.dump_logits.is_some() {
-        return crate::run::run(legacy_args(&cmd, text)?);
+    let sampling = cmd.sampling.params()?;
+    let chat = cmd.chat || cmd.system.is_some();
+    let messages = |text: String| {
+        let mut messages = Vec::new();
+        if let Some(system) = &cmd.system {
+            messages.push(ChatMessage::new("system", system.clone()));
+        }
+        messages.push(ChatMessage::new("user", text));
+        messages
+    };
+    if let Some(path) = &cmd.dump_logits {
+        return crate::run::dump_logits(crate::run::DumpRequest {
+            model: &cmd.model,
+            prompt: if chat {
+                crate::run::DumpPrompt::Chat(messages(text))
+            } else {
+                crate::run::DumpPrompt::Text(text)
+            },
+            max_new: cmd.max_new,
+            sampling,
+            engine: &cmd.engine,
+            output: cmd.output,
+            path,
+        });
     }
     let quiet = cmd.output.quiet || cmd.json;
-    let sampling = cmd.sampling.params()?;
     let mut loaded = load(&cmd.model, &cmd.engine, quiet)?;
     if !quiet {
         eprintln!("{}", header(&loaded));
@@ -96,14 +118,8 @@ pub fn run(cmd: RunCommand) -> Result<()> {
     let model = &mut loaded.model;
 
     // Render the chat template when asked, then tokenize.
-    let chat = cmd.chat || cmd.system.is_some();
     let rendered = if chat {
-        let mut messages = Vec::new();
-        if let Some(system) = &cmd.system {
-            messages.push(ChatMessage::new("system", system.clone()));
-        }
-        messages.push(ChatMessage::new("user", text));
-        model.apply_chat_template(&messages, true)?
+        model.apply_chat_template(&messages(text), true)?
     } else {
         text
     };
@@ -117,23 +133,23 @@ pub fn run(cmd: RunCommand) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let json = cmd.json;
-    let stats = generate(
-        model,
-        prompt,
+    let seq = model.new_sequence();
+    let request = GenerationRequest {
         sampling,
-        cmd.max_new,
-        cmd.sampling.stop.clone(),
-        None,
-        |piece| {
-            if json {
-                collected.push_str(piece);
-            } else {
-                out.write_all(piece.as_bytes())?;
-                out.flush()?;
-            }
-            Ok(())
-        },
-    )?;
+        max_new: cmd.max_new,
+        stop: cmd.sampling.stop.clone(),
+        interrupt: None,
+        progress: on_terminal(quiet),
+    };
+    let (stats, _) = generate(model, seq, prompt, request, |piece| {
+        if json {
+            collected.push_str(piece);
+        } else {
+            out.write_all(piece.as_bytes())?;
+            out.flush()?;
+        }
+        Ok(())
+    })?;
     let peak = peak_rss();
     if json {
         let result = RunResult {
@@ -160,61 +176,4 @@ pub fn run(cmd: RunCommand) -> Result<()> {
         }
     }
     finish_profile(model, &cmd.engine)
-}
-
-/// The runtime's `run` arguments for the logits-dumping path, parsed from
-/// the equivalent command line (so flags it adds later keep their defaults).
-fn legacy_args(cmd: &RunCommand, prompt: String) -> Result<crate::run::RunArgs> {
-    #[derive(clap::Parser)]
-    struct Legacy {
-        #[command(flatten)]
-        args: crate::run::RunArgs,
-    }
-    let e = &cmd.engine;
-    let mut argv: Vec<std::ffi::OsString> =
-        vec!["run".into(), "--model".into(), cmd.model.clone().into()];
-    let mut flag = |name: &str, value: String| {
-        argv.push(format!("--{name}").into());
-        argv.push(value.into());
-    };
-    flag("prompt", prompt);
-    flag("max-new", cmd.max_new.to_string());
-    flag(
-        "residency",
-        e.residency
-            .last()
-            .cloned()
-            .unwrap_or_else(|| "resident".into()),
-    );
-    flag("backend", e.backend.clone());
-    flag("kv-type", e.kv_type.clone());
-    flag("prefetch", e.prefetch.to_string());
-    flag("temperature", cmd.sampling.temperature.to_string());
-    if let Some(threads) = e.threads {
-        flag("threads", threads.to_string());
-    }
-    if let Some(ctx) = e.ctx {
-        flag("ctx", ctx.to_string());
-    }
-    if let Some(seed) = cmd.sampling.seed {
-        flag("seed", seed.to_string());
-    }
-    if let Some(path) = &cmd.dump_logits {
-        argv.push("--dump-logits".into());
-        argv.push(path.clone().into());
-    }
-    if let Some(path) = &e.profile_save {
-        argv.push("--profile-save".into());
-        argv.push(path.clone().into());
-    }
-    if cmd.chat {
-        argv.push("--chat".into());
-    }
-    if e.profile {
-        argv.push("--profile".into());
-    }
-    use clap::Parser;
-    Ok(Legacy::try_parse_from(argv)
-        .map_err(|e| anyhow::anyhow!("{e}"))?
-        .args)
 }

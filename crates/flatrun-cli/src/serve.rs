@@ -12,11 +12,12 @@ use crate::flags::{residency_name, EngineFlags, OutputFlags, SamplingFlags};
 use crate::loading::{check_model_path, header, load};
 use anyhow::{anyhow, Result};
 use flatrun_model::chat_template::{ChatMessage as TemplateMessage, ChatTemplate};
+use flatrun_model::tokenizer::StreamDecoder;
 use flatrun_runtime::{Model, Sequence, StepOptions, Tokenizer};
 use flatrun_server::engine::ChatMessage;
 use flatrun_server::{
     BatchEngine, BatchModel, Engine, ModelError, Residency, SamplingParams, SeqId, ServeArgs,
-    StepInput, TextModel,
+    StepInput, TextModel, TokenTextStream,
 };
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -105,6 +106,9 @@ impl TextModel for RuntimeText {
     fn is_end_of_generation(&self, token: u32) -> bool {
         self.tokenizer.stop_ids().contains(&token)
     }
+    fn stream_decoder(&self) -> Box<dyn TokenTextStream + '_> {
+        Box::new(StreamDecoder::new(&self.tokenizer))
+    }
 }
 
 /// The compute side: the model and its live sequences.
@@ -125,10 +129,12 @@ impl RuntimeBatchModel {
 }
 
 impl BatchModel for RuntimeBatchModel {
-    fn new_sequence(&mut self) -> Result<SeqId, ModelError> {
+    fn new_sequence(&mut self, positions: usize) -> Result<SeqId, ModelError> {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.sequences.insert(id, self.model.new_sequence());
+        // A KV cache for this request's positions only, not the whole context.
+        let sequence = self.model.executor().new_sequence_with_capacity(positions);
+        self.sequences.insert(id, sequence);
         Ok(id)
     }
 

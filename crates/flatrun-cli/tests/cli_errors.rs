@@ -223,12 +223,22 @@ fn bad_flag_values() {
         "--top-p",
     );
     assert_short_error(
-        &["run", "--model", m, "--prompt", "hi", "--weights", "f16"],
-        "not supported yet",
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--weights",
+            "f16",
+            "--residency",
+            "stream",
+        ],
+        "--weights f16 needs --residency resident",
     );
     assert_short_error(
-        &["run", "--model", m, "--prompt", "hi", "--layers", "0-3"],
-        "not supported yet",
+        &["run", "--model", m, "--prompt", "hi", "--layers", "0-x"],
+        "--layers",
     );
     assert_short_error(
         &["run", "--model", m, "--prompt", "hi", "--layers", "3-1"],

@@ -4,115 +4,20 @@
 //! `flatrun run --chat` with the same prompt"; then a clean SIGTERM shutdown.
 
 mod common;
+#[path = "common/serve_process.rs"]
+mod serve_process;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-use common::{flatrun, flatrun_path, python_with, smollm2, stderr_of, stdout_of};
+use common::{flatrun, python_with, smollm2, stderr_of, stdout_of};
+use serve_process::ServeProcess;
 
 const API_KEY: &str = "serve-test-key";
 const CONTEXT: usize = 1024;
 const MAX_BODY: usize = 64 * 1024;
 const GREEDY_PROMPT: &str = "What is the capital of France?";
 const GREEDY_MAX: usize = 24;
-
-/// A running `flatrun serve`, killed on drop.
-struct Server {
-    child: Child,
-    address: String,
-}
-
-impl Server {
-    fn start(model: &PathBuf) -> Server {
-        let mut child = Command::new(flatrun_path())
-            .arg("serve")
-            .arg("--model")
-            .arg(model)
-            .args([
-                "--port",
-                "0",
-                "--api-key",
-                API_KEY,
-                "--max-body",
-                &MAX_BODY.to_string(),
-            ])
-            .args(["--ctx", &CONTEXT.to_string(), "--max-seqs", "4", "-q"])
-            .stderr(Stdio::piped())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("spawn flatrun serve");
-        // The first stderr line names the bound address; keep draining the rest.
-        let stderr = child.stderr.take().expect("stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let first = lines.next().and_then(|l| l.ok()).unwrap_or_default();
-        let address = first
-            .split("http://")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap_or_else(|| panic!("no address in `{first}`"))
-            .to_string();
-        std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
-                eprintln!("[serve] {line}");
-            }
-        });
-        Server { child, address }
-    }
-
-    /// Status code of a GET.
-    fn get_status(&self, path: &str) -> Option<u16> {
-        let mut socket = TcpStream::connect(&self.address).ok()?;
-        write!(
-            socket,
-            "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        )
-        .ok()?;
-        let mut response = String::new();
-        socket.read_to_string(&mut response).ok()?;
-        response.split_whitespace().nth(1)?.parse().ok()
-    }
-
-    fn wait_healthy(&self) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            match self.get_status("/health") {
-                Some(200) => return,
-                // 503 while loading.
-                Some(503) | None if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                other => panic!("/health answered {other:?}"),
-            }
-        }
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "flatrun serve did not stop on SIGTERM"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 #[test]
 fn official_sdks_against_flatrun_serve() {
@@ -142,7 +47,22 @@ fn official_sdks_against_flatrun_serve() {
     let expected = expected.strip_suffix('\n').unwrap_or(&expected).to_string();
     assert!(!expected.is_empty());
 
-    let mut server = Server::start(&model);
+    let (context, max_body) = (CONTEXT.to_string(), MAX_BODY.to_string());
+    let mut server = ServeProcess::start(
+        &model,
+        &[
+            "--api-key",
+            API_KEY,
+            "--max-body",
+            &max_body,
+            "--ctx",
+            &context,
+            "--max-seqs",
+            "4",
+            "-q",
+        ],
+        &[],
+    );
     server.wait_healthy();
     let name = model
         .file_name()

@@ -13,6 +13,8 @@
 //! | `layers.{i}.ffn_norm` | `ffn_norm` | Llama/Qwen: `post_attention_layernorm`; Gemma: `pre_feedforward_layernorm` |
 //! | `layers.{i}.post_ffn_norm` | `post_ffw_norm` | `post_feedforward_layernorm` |
 //! | `layers.{i}.ffn.gate` / `.up` / `.down` | `ffn_gate` / `ffn_up` / `ffn_down` | `mlp.gate_proj` / `up_proj` / `down_proj` |
+//! | `layers.{i}.attn.qkv` / `.gate` | `attn_qkv` / `attn_gate` | — (Qwen3.5 delta-net input and output gate) |
+//! | `layers.{i}.ssm.conv1d` / `.dt.bias` / `.a` / `.alpha` / `.beta` / `.norm` / `.out` | `ssm_conv1d` / `ssm_dt.bias` / `ssm_a` / `ssm_alpha` / `ssm_beta` / `ssm_norm` / `ssm_out` | — |
 //!
 //! Weights carry no suffix; biases get `.bias` (`layers.0.attn.q.bias`).
 //! A name no rule knows is listed under its original name.
@@ -71,6 +73,14 @@ fn gguf_layer_stem(stem: &str) -> Option<&'static str> {
         "ffn_down" => "ffn.down",
         "post_ffw_norm" => "post_ffn_norm",
         "rope_freqs" => "rope_freqs",
+        // Qwen3.5 gated delta-net layers and the attention output gate.
+        "attn_gate" => "attn.gate",
+        "ssm_conv1d" => "ssm.conv1d",
+        "ssm_dt" => "ssm.dt",
+        "ssm_alpha" => "ssm.alpha",
+        "ssm_beta" => "ssm.beta",
+        "ssm_norm" => "ssm.norm",
+        "ssm_out" => "ssm.out",
         _ => return None,
     })
 }
@@ -114,6 +124,10 @@ fn split_layer(rest: &str) -> Option<(usize, &str)> {
 /// assert_eq!(canonical_gguf_name("blk.0.mystery.weight"), None);
 /// ```
 pub fn canonical_gguf_name(name: &str) -> Option<String> {
+    // `blk.{i}.ssm_a` (the delta-net decay rate) is stored without a suffix.
+    if let Some((layer, "ssm_a")) = name.strip_prefix("blk.").and_then(split_layer) {
+        return Some(format!("layers.{layer}.ssm.a"));
+    }
     let (stem, suffix) = split_param(name)?;
     if let Some(rest) = stem.strip_prefix("blk.") {
         let (layer, stem) = split_layer(rest)?;

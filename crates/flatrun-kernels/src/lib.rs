@@ -7,7 +7,7 @@
 //!   materialize f32 weights; activations are quantized once per call to the
 //!   format's integer dot partner (Q8_0/Q8_1/Q8_K), the SIMD level (AVX2,
 //!   AVX-512 VNNI, NEON dotprod, or scalar) is picked once at run time, and rows
-//!   are split over a persistent rayon pool ([`set_threads`]).
+//!   are split over a persistent spinning thread pool ([`set_threads`]).
 //!
 //! The other f32 operations of a decoder layer (RMSNorm, RoPE, softmax,
 //! activations, attention) live in [`ops`].

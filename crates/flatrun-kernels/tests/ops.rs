@@ -328,3 +328,47 @@ fn attention_gqa_causal_window_softcap_f32_and_f16() {
         close(&out, &want, 2e-3);
     }
 }
+
+/// Head widths that exercise every lane path of the f16 cache kernels
+/// (16-wide steps, one 8-wide step, a scalar tail), over enough slots that
+/// the call is spread over the pool.
+#[test]
+fn attention_f16_cache_matches_naive_for_wide_and_ragged_heads() {
+    for head_dim in [64, 72, 36] {
+        let c = AttnConfig {
+            n_head: 6,
+            n_kv_head: 2,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let n_slots = 96;
+        let gen =
+            |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 1.5).collect() };
+        // f16-exact keys and values, so only the products' rounding differs.
+        let to_f16 = |x: Vec<f32>| -> Vec<f16> { x.iter().map(|&v| f16::from_f32(v)).collect() };
+        let k16 = to_f16(gen(n_slots * 2 * head_dim, 0.71));
+        let v16 = to_f16(gen(n_slots * 2 * head_dim, 0.37));
+        let k: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+        let v: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+        let key_pos: Vec<usize> = (0..n_slots).collect();
+        let q_pos: Vec<usize> = (0..n_slots).step_by(7).collect();
+        let q: Vec<f32> = to_f16(gen(q_pos.len() * 6 * head_dim, 0.53))
+            .iter()
+            .map(|x| x.to_f32())
+            .collect();
+        let want = naive_attention(&q, &q_pos, &k, &v, &key_pos, &c);
+        let mut out = vec![0f32; want.len()];
+        ops::attention(
+            &q,
+            &q_pos,
+            KvSlice::F16(&k16),
+            KvSlice::F16(&v16),
+            &key_pos,
+            &c,
+            &mut out,
+        );
+        close(&out, &want, 2e-3);
+    }
+}

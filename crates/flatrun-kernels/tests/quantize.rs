@@ -1,4 +1,6 @@
-//! The activation quantizers give flatrun-dequant's reference quantizers' (= ggml's) results, bit for bit.
+//! The activation quantizers give ggml's CPU results bit for bit: Q8_K as flatrun-dequant's
+//! reference quantizer, Q8_0/Q8_1 as ggml's AVX2/NEON quantizers (nearest-even rounding of
+//! x·127/amax on x86, x/d on ARM, where the scalar reference rounds x/d half away from zero).
 
 mod common;
 
@@ -45,11 +47,33 @@ fn q8_and_q8_1_match_reference() {
             x.len() / 32
         ];
         quantize_row_q8_1(&x, &mut r1).unwrap();
-        for ((m, a), b) in mine.iter().zip(&r0).zip(&r1) {
-            assert_eq!(m.qs, a.qs);
+        for (((m, a), b), xb) in mine.iter().zip(&r0).zip(&r1).zip(x.chunks_exact(32)) {
+            // ggml's CPU quantizer rounds x·(127/amax) (AVX2; x/d on NEON) to nearest even;
+            // the scalar reference rounds x·(1/d) half away from zero. The scales are the same.
+            let amax = xb.iter().fold(0f32, |acc, v| acc.max(v.abs()));
+            let id = if amax == 0.0 {
+                0.0
+            } else if cfg!(target_arch = "aarch64") {
+                1.0 / (amax / 127.0)
+            } else {
+                127.0 / amax
+            };
+            let cpu_qs: Vec<i8> = xb
+                .iter()
+                .map(|v| (v * id).round_ties_even() as i8)
+                .collect();
+            assert_eq!(m.qs.to_vec(), cpu_qs);
             assert_eq!(m.d, a.d.to_f32());
-            assert_eq!(m.qs, b.qs);
-            assert_eq!(m.s, b.s.to_f32());
+            assert_eq!(m.d, b.d.to_f32());
+            let sum: i32 = cpu_qs.iter().map(|&q| q as i32).sum();
+            assert_eq!(
+                m.s,
+                half::f16::from_f32(sum as f32 * (amax / 127.0)).to_f32()
+            );
+            // Elsewhere both rules give the reference's quants, at most one step apart.
+            for (&p, &q) in m.qs.iter().zip(&a.qs) {
+                assert!((p as i32 - q as i32).abs() <= 1, "{p} vs reference {q}");
+            }
         }
     }
 }

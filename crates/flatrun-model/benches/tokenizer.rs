@@ -1,5 +1,9 @@
-//! Tokenizing 1 MB of mixed text with each real model's tokenizer
-//! (skipped for models missing from `$FLATRUN_MODELS`).
+//! Tokenizing 1 MB of mixed text (the stress corpus repeated: code, emoji,
+//! CJK, whitespace runs, numbers, special-token look-alikes) with each real
+//! model's tokenizer and with the llama.cpp vocab-only files of the main
+//! byte-level BPE pre-tokenizers and SentencePiece (skipped when missing
+//! from `$FLATRUN_MODELS` / `$FLATRUN_VOCAB`). Figures are in
+//! `docs/tokenizer.md`.
 
 use std::path::PathBuf;
 
@@ -32,23 +36,35 @@ fn bench(c: &mut Criterion) {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
                 .join(".cache/flatrun/models")
         });
+    let vocab_dir = std::env::var_os("FLATRUN_VOCAB")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/flatrun/vocab")
+        });
     let text = one_megabyte();
     let mut group = c.benchmark_group("tokenize_1MB");
     group.sample_size(10);
     group.throughput(Throughput::Bytes(text.len() as u64));
-    for file in [
+    let mut files: Vec<(String, PathBuf)> = [
         "SmolLM2-135M-Instruct.Q4_1.gguf",
         "gemma-3-270m-q4_k_m.gguf",
         "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    ] {
-        let path = models.join(file);
+    ]
+    .iter()
+    .map(|f| (f.to_string(), models.join(f)))
+    .collect();
+    for name in ["llama-bpe", "gpt-2", "qwen2", "deepseek-coder", "llama-spm"] {
+        let file = format!("ggml-vocab-{name}.gguf");
+        files.push((file.clone(), vocab_dir.join(file)));
+    }
+    for (file, path) in files {
         if !path.exists() {
             eprintln!("skipping {file}: missing");
             continue;
         }
         let backend = flatrun_format::open(&path).expect("open");
         let tok = Tokenizer::from_gguf_metadata(backend.metadata()).expect("tokenizer");
-        group.bench_function(file, |b| {
+        group.bench_function(file.as_str(), |b| {
             b.iter(|| tok.encode(&text, true, true).expect("encode").len())
         });
     }

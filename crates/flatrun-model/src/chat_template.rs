@@ -4,8 +4,11 @@
 //! or a built-in template chosen by architecture when the checkpoint has none.
 //!
 //! Templates come from untrusted files, so rendering runs in minijinja's
-//! sandbox with a fuel limit (instructions executed), a recursion limit and a
-//! limit on the size of the output; a hostile template fails with
+//! sandbox with a fuel limit (instructions executed), a recursion limit, a
+//! limit on the size of the output, and limits on the strings and sequences
+//! a template can build (`~`, `+` and `*` are rewritten into size-checked
+//! calls, and the filters and methods that inflate text check their result
+//! size first: see `guard.rs`); a hostile template fails with
 //! [`TemplateError::Limit`] instead of running forever or filling memory.
 //!
 //! ```
@@ -25,6 +28,8 @@ use std::path::{Path, PathBuf};
 use flatrun_format::{MetaValue, Metadata};
 use minijinja::{Environment, ErrorKind, Value};
 use serde::Serialize;
+
+mod guard;
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -76,6 +81,10 @@ pub struct TemplateLimits {
     pub recursion: usize,
     /// Bytes of rendered output.
     pub max_output_bytes: usize,
+    /// Bytes of any string the template builds (`~`, `+`, `*`, filters).
+    pub max_string_bytes: usize,
+    /// Items of any sequence the template builds (`+`, `*`, `batch`…).
+    pub max_items: usize,
 }
 
 impl Default for TemplateLimits {
@@ -84,6 +93,8 @@ impl Default for TemplateLimits {
             fuel: 2_000_000,
             recursion: 64,
             max_output_bytes: 4 << 20,
+            max_string_bytes: 4 << 20,
+            max_items: 1 << 20,
         }
     }
 }
@@ -101,6 +112,8 @@ const LLAMA2: &str = "{% if messages[0]['role'] == 'system' %}{% set system = '<
 pub struct ChatTemplate {
     name: String,
     source: String,
+    /// `source` with its operators rewritten into guarded calls.
+    guarded: String,
     limits: TemplateLimits,
 }
 
@@ -190,17 +203,29 @@ impl ChatTemplate {
 
     /// A template from Jinja source; checks that it compiles.
     pub fn from_source(name: &str, source: &str) -> Result<ChatTemplate, TemplateError> {
-        let template = ChatTemplate {
+        let syntax = |e: &minijinja::Error| TemplateError::Syntax {
+            name: name.to_string(),
+            what: describe(e),
+        };
+        // The original must compile (its errors are the ones to report)…
+        let limits = TemplateLimits::default();
+        let plain = ChatTemplate {
             name: name.to_string(),
             source: source.to_string(),
-            limits: TemplateLimits::default(),
+            guarded: String::new(),
+            limits,
         };
-        let env = template.environment();
-        env.template_from_str(&template.source)
-            .map_err(|e| TemplateError::Syntax {
-                name: template.name.clone(),
-                what: describe(&e),
-            })?;
+        plain
+            .environment()
+            .template_from_str(source)
+            .map_err(|e| syntax(&e))?;
+        // …and so must its guarded form.
+        let guarded = guard::rewrite_operators(source).map_err(|e| syntax(&e))?;
+        let template = ChatTemplate { guarded, ..plain };
+        template
+            .environment()
+            .template_from_str(&template.guarded)
+            .map_err(|e| syntax(&e))?;
         Ok(template)
     }
 
@@ -220,6 +245,8 @@ impl ChatTemplate {
         ChatTemplate {
             name: name.to_string(),
             source: source.to_string(),
+            // The built-in templates are trusted and small: no rewrite needed.
+            guarded: source.to_string(),
             limits: TemplateLimits::default(),
         }
     }
@@ -268,7 +295,7 @@ impl ChatTemplate {
     ) -> Result<String, TemplateError> {
         let env = self.environment();
         let template = env
-            .template_from_str(&self.source)
+            .template_from_str(&self.guarded)
             .map_err(|e| TemplateError::Syntax {
                 name: self.name.clone(),
                 what: describe(&e),
@@ -308,7 +335,7 @@ impl ChatTemplate {
         env.set_fuel(Some(self.limits.fuel));
         env.set_recursion_limit(self.limits.recursion);
         minijinja_contrib::add_to_environment(&mut env);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        guard::add_guards(&mut env, self.limits);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
@@ -342,6 +369,12 @@ impl ChatTemplate {
                     return TemplateError::Limit {
                         name,
                         what: format!("recursion deeper than {}", self.limits.recursion),
+                    };
+                }
+                if let Some(what) = m.detail().and_then(|d| d.strip_prefix(guard::TOO_LARGE)) {
+                    return TemplateError::Limit {
+                        name,
+                        what: what.to_string(),
                     };
                 }
                 if m.detail().is_some_and(|d| d.contains("too large")) {
@@ -479,10 +512,20 @@ pub(crate) fn strftime(format: &str, unix_secs: i64) -> String {
     out
 }
 
+/// The largest `tojson(indent=…)` accepted.
+const MAX_JSON_INDENT: usize = 64;
+
 /// `tojson` as Hugging Face defines it: Python's `json.dumps(x, ensure_ascii=False, indent=indent)`
 /// (keys in insertion order, `", "` and `": "` separators).
 fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, minijinja::Error> {
     let indent: Option<usize> = kwargs.get("indent")?;
+    // Each line repeats the indent per nesting level; a huge one is an attack.
+    if indent.is_some_and(|n| n > MAX_JSON_INDENT) {
+        return Err(guard::too_large(format!(
+            "`tojson` indent {} (limit {MAX_JSON_INDENT})",
+            indent.unwrap_or(0)
+        )));
+    }
     let _: Option<bool> = kwargs.get("ensure_ascii")?;
     let _: Option<bool> = kwargs.get("sort_keys")?;
     kwargs.assert_all_used()?;

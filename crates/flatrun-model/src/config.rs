@@ -18,11 +18,15 @@ pub enum Arch {
     Qwen3,
     /// Gemma 3 text models (sliding-window layers, sandwich norms, GELU).
     Gemma3,
+    /// Qwen3.5: gated delta-net linear-attention layers with every Nth layer
+    /// gated full attention ([`crate::arch::qwen35`]).
+    Qwen35,
 }
 
 impl Arch {
     /// Every supported architecture, by its GGUF name.
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen2", "qwen3", "gemma3"];
+    pub const SUPPORTED: &'static [&'static str] =
+        &["llama", "qwen2", "qwen3", "gemma3", "qwen35"];
 
     /// Parse a GGUF `general.architecture` or a Hugging Face `model_type`.
     pub fn from_name(name: &str) -> Result<Arch> {
@@ -31,6 +35,7 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "gemma3" | "gemma3_text" => Ok(Arch::Gemma3),
+            "qwen35" | "qwen3_5" | "qwen3_5_text" => Ok(Arch::Qwen35),
             other => Err(ModelError::UnsupportedArch {
                 name: other.to_string(),
                 supported: Arch::SUPPORTED.to_vec(),
@@ -45,6 +50,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Gemma3 => "gemma3",
+            Arch::Qwen35 => "qwen35",
         }
     }
 }
@@ -109,6 +115,9 @@ pub struct ModelConfig {
     pub final_logit_softcap: Option<f32>,
     /// Gated-FFN activation.
     pub activation: Activation,
+    /// The linear-attention layers of a hybrid stack (Qwen3.5); `None` for
+    /// pure-attention models.
+    pub delta_net: Option<crate::arch::delta_net::DeltaNetConfig>,
 }
 
 impl ModelConfig {
@@ -119,6 +128,13 @@ impl ModelConfig {
     /// Width of the queries of one token: `n_head * head_dim`.
     pub fn q_dim(&self) -> usize {
         self.n_head * self.head_dim
+    }
+    /// Whether layer `layer` is a recurrent (gated delta-net) layer of a
+    /// hybrid stack, which keeps a recurrent state instead of a KV cache.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        self.delta_net
+            .as_ref()
+            .is_some_and(|d| d.recurrent_layers.get(layer).copied().unwrap_or(false))
     }
     /// Whether layer `layer` uses sliding-window attention.
     pub fn is_swa(&self, layer: usize) -> bool {

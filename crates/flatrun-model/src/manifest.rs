@@ -109,8 +109,13 @@ impl Manifest {
 
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for index in 0..cfg.n_layer {
+            // Hybrid stacks (Qwen3.5) have two kinds of layer.
+            let roles: &[&str] = match cfg.arch {
+                crate::config::Arch::Qwen35 => crate::arch::qwen35::layer_roles(cfg, index),
+                _ => &roles,
+            };
             let mut tensors = Vec::with_capacity(roles.len());
-            for role in &roles {
+            for role in roles {
                 tensors.push(require(&layer_tensor(index, role))?);
             }
             for role in optional_roles {

@@ -233,3 +233,68 @@ fn syntax_errors_are_reported() {
     let err = ChatTemplate::from_source("broken", "{% for m in messages %}").unwrap_err();
     assert!(matches!(err, TemplateError::Syntax { .. }), "{err}");
 }
+
+/// Render `source` and expect a size-limit error, quickly and without
+/// allocating more than the limits allow.
+fn expect_size_limit(source: &str) {
+    let t = ChatTemplate::from_source("evil", source).unwrap();
+    let start = std::time::Instant::now();
+    let err = t
+        .render(&[ChatMessage::new("user", "hello")], true, "<s>", "</s>")
+        .unwrap_err();
+    assert!(
+        matches!(err, TemplateError::Limit { .. }),
+        "{source}: {err}"
+    );
+    assert!(start.elapsed().as_secs() < 10, "{source}: too slow");
+}
+
+#[test]
+fn hostile_string_doubling_is_stopped() {
+    // Doubling through a namespace in a loop: 2^64 bytes without the guards.
+    expect_size_limit(
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+    );
+    expect_size_limit(
+        "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s|length }}",
+    );
+    // Straight-line doubling, nested and parenthesized operators.
+    let doubling = "{% set s = 'xxxxxxxx' %}".to_string()
+        + &"{% set s = (s ~ s) ~ (s ~ s) %}".repeat(40)
+        + "{{ s|length }}";
+    expect_size_limit(&doubling);
+    // Repetition, sequences and inflating filters and methods.
+    expect_size_limit("{% set s = 'x' * 3000000 %}{{ (s * 2)|length }}");
+    expect_size_limit("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}");
+    expect_size_limit("{{ ([1] * 100000000)|length }}");
+    expect_size_limit("{% set s = 'x' * 1000 %}{{ (s|replace('x', s))|replace('x', s)|length }}");
+    expect_size_limit("{% set s = 'x' * 1000 %}{{ s.replace('x', s).replace('x', s)|length }}");
+    expect_size_limit("{{ ['x' * 3000000, 'y' * 3000000]|join('')|length }}");
+    expect_size_limit("{{ 'a\nb'|indent(100000000000) }}");
+    expect_size_limit("{{ [1, 2]|batch(1000000000000)|list|length }}");
+    expect_size_limit("{{ [1, 2]|slice(1000000000000)|list|length }}");
+    expect_size_limit("{{ 'x'.center(100000000000) }}");
+    expect_size_limit("{{ messages|tojson(indent=1000000000000) }}");
+}
+
+#[test]
+fn guarded_operators_keep_their_meaning() {
+    let t = ChatTemplate::from_source(
+        "ops",
+        "{{ 1 + 2 * 3 }}|{{ 'a' ~ (1 + 2) }}|{{ (messages[0]['content']) + ('!') }}|{{ messages[0].content ~ messages[0]['role'] }}|{{ ('a' ~ 'b') * 2 }}|{{ [1] + [2] }}|{{ 2 * [0] }}|{{ 'x' + 'y' ~ 3 }}|{{ -2 * -3 }}|{{ 1.5 + 1 }}|{{ 'ab' * 0 }}|{% if 'a' ~ 'b' == 'ab' %}yes{% endif %}|{{ messages[0]['content'] ~
+ '!' }}|{{ undefined_name ~ 'u' }}",
+    )
+    .unwrap();
+    let out = t
+        .render(&[ChatMessage::new("user", "hi")], false, "", "")
+        .unwrap();
+    assert_eq!(
+        out,
+        "7|a3|hi!|hiuser|abab|[1, 2]|[0, 0]|xy3|6|2.5||yes|hi!|u"
+    );
+    // Line numbers survive the rewrite.
+    let t = ChatTemplate::from_source("lines", "{{ 'a' ~\n'b' }}\n{{ raise_exception('boom') }}")
+        .unwrap();
+    let err = t.render(&[], false, "", "").unwrap_err();
+    assert!(matches!(err, TemplateError::Raised { .. }), "{err}");
+}

@@ -19,6 +19,9 @@ pub enum RuntimeError {
         #[source]
         source: flatrun_kernels::KernelError,
     },
+    /// Reading a streamed layer or head chunk (capped residency) failed.
+    #[error("{tensor}: streamed read: {what}")]
+    StreamRead { tensor: String, what: String },
     /// The sequence would grow past its KV cache.
     #[error(
         "context overflow: {used} tokens in the sequence + {new} new > context size {capacity}"

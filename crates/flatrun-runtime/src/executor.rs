@@ -14,19 +14,25 @@
 //! ```
 
 use crate::error::{Result, RuntimeError};
+use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
+use crate::layer_range::LayerSelection;
 use crate::memory;
 use crate::options::{KvType, LoadOptions, Prefetch};
 use crate::prefetch::Prefetcher;
 use crate::profiler::Profiler;
+use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
+use crate::stream_reader::StreamSchedule;
+use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{ops, Kernels, Weight};
 use flatrun_model::arch::{
     forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights,
 };
+use flatrun_model::arch::qwen35::{HybridSegment, LayerMemory};
 use flatrun_model::manifest::layer_tensor;
-use flatrun_model::{Manifest, ModelConfig};
+use flatrun_model::{Arch, Manifest, ModelConfig};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,11 +40,18 @@ use std::time::Instant;
 /// Bytes of one chunk of the output head (streamed row block).
 const HEAD_CHUNK_BYTES: usize = 4 << 20;
 
+/// Rows of one streamed chunk of an output head whose rows are `row_bytes` long.
+fn head_chunk_rows(row_bytes: usize) -> usize {
+    (HEAD_CHUNK_BYTES / row_bytes.max(1)).max(64)
+}
+
 /// One sequence: its tokens so far and its KV cache.
 #[derive(Debug)]
 pub struct Sequence {
     tokens: Vec<u32>,
     kv: KvCache,
+    /// Delta-net states of a hybrid model (empty otherwise).
+    recurrent: RecurrentState,
 }
 
 impl Sequence {
@@ -62,11 +75,18 @@ impl Sequence {
     pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }
+    /// Bytes of the recurrent states (hybrid models; 0 otherwise).
+    pub fn recurrent_bytes(&self) -> usize {
+        self.recurrent.bytes()
+    }
     /// Drop every token from position `len` on (to rewind or reuse a prefix).
+    /// A hybrid model's recurrent state is rebuilt from the kept tokens at
+    /// the next step.
     pub fn truncate(&mut self, len: usize) {
         if len < self.tokens.len() {
             self.tokens.truncate(len);
             self.kv.truncate(len);
+            self.recurrent.mark_stale();
         }
     }
 }
@@ -111,6 +131,24 @@ const MATRIX_ROLES: [&str; 7] = [
     "attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate", "ffn.up", "ffn.down",
 ];
 
+/// The buffers of a step, kept from step to step so that a decode step
+/// allocates nothing large (each grows to the largest step seen).
+#[derive(Debug, Default)]
+struct StepBuffers {
+    /// Token ids of the stacked pieces.
+    ids: Vec<u32>,
+    /// Absolute position of each stacked token.
+    positions: Vec<usize>,
+    /// The residual stream, `n × n_embd`.
+    hidden: Vec<f32>,
+    /// Final-normed rows that need logits.
+    normed: Vec<f32>,
+    /// Logits of those rows, `rows × vocab`.
+    logits: Vec<f32>,
+    /// One streamed chunk of the output head's result.
+    head_part: Vec<f32>,
+}
+
 /// Runs steps layer by layer over a storage backend.
 pub struct StreamingExecutor {
     backend: Arc<dyn StorageBackend>,
@@ -122,16 +160,35 @@ pub struct StreamingExecutor {
     output_norm: Vec<f32>,
     residency: ResidencyPlan,
     prefetcher: Option<Prefetcher>,
+    /// Capped residency: explicit reads of the streamed layers and head
+    /// chunks into reused buffers (see `stream_reader.rs`).
+    streamer: Option<StreamSchedule>,
     prefetch_depth: usize,
     /// Whether every layer has been faulted in once (resident layers then
     /// need no read-ahead).
     warmed: bool,
     /// Acquisitions so far (layers and head), the prefetcher's clock.
     acquisitions: u64,
+    /// `faulted_in[i]`: layer `i` is kept resident and its pages were
+    /// populated once, so later steps skip the populate call.
+    faulted_in: Vec<bool>,
+    /// The output head is kept resident and its pages were populated once.
+    head_faulted_in: bool,
+    /// Canonical names of each layer's matrices, in [`MATRIX_ROLES`] order.
+    matrix_names: Vec<[String; 7]>,
+    /// Buffers of a step (ids, positions, activations, logits), reused.
+    buffers: StepBuffers,
     scratch: DecoderScratch,
     ctx: usize,
     kv_type: KvType,
     max_batch: usize,
+    /// The decoder layers that run (`--layers`; all by default).
+    selection: LayerSelection,
+    /// Dequantized matrices of the resident layers (`--weights f16|f32`).
+    dense: DenseLayers,
+    /// The layers of a hybrid stack (Qwen3.5), which run instead of the
+    /// uniform decoder layers.
+    hybrid: Option<HybridLayers>,
     /// Timings and memory samples.
     pub profiler: Profiler,
 }
@@ -189,8 +246,14 @@ impl StreamingExecutor {
                 Ok(None)
             }
         };
-        let mut vectors = Vec::with_capacity(cfg.n_layer);
-        for i in 0..cfg.n_layer {
+        // Hybrid stacks keep their own per-layer vectors.
+        let hybrid = match cfg.arch {
+            Arch::Qwen35 => Some(HybridLayers::load(b, k, &cfg)?),
+            _ => None,
+        };
+        let n_uniform = if hybrid.is_some() { 0 } else { cfg.n_layer };
+        let mut vectors = Vec::with_capacity(n_uniform);
+        for i in 0..n_uniform {
             vectors.push(LayerVectors {
                 attn_norm: read_vector(b, k, &layer_tensor(i, "attn_norm"))?,
                 ffn_norm: read_vector(b, k, &layer_tensor(i, "ffn_norm"))?,
@@ -212,7 +275,32 @@ impl StreamingExecutor {
         let plans = (0..cfg.n_layer)
             .map(|i| LayerPlan::new(&cfg, i, freq_factors.as_deref()))
             .collect();
-        let residency = ResidencyPlan::new(opts.residency, &manifest);
+        let read_depth = match opts.prefetch {
+            Prefetch::Ahead { depth } => depth.max(1),
+            Prefetch::Off => 1,
+        };
+        let residency = ResidencyPlan::with_stream_buffers(
+            opts.residency,
+            &manifest,
+            read_depth,
+            HEAD_CHUNK_BYTES as u64,
+        );
+        let selection = match &opts.layers {
+            Some(selection) => {
+                selection.check(cfg.n_layer)?;
+                selection.clone()
+            }
+            None => LayerSelection::all(cfg.n_layer),
+        };
+        let dense = DenseLayers::build(
+            opts.weights,
+            b,
+            k,
+            cfg.n_layer,
+            &MATRIX_ROLES,
+            &residency,
+            &selection,
+        )?;
         let (prefetcher, prefetch_depth) = match opts.prefetch {
             Prefetch::Ahead { depth } if depth > 0 => {
                 let mut lists: Vec<Vec<String>> = manifest
@@ -225,10 +313,29 @@ impl StreamingExecutor {
             }
             _ => (None, 0),
         };
+        // Capped residency reads what it streams explicitly (not through
+        // the page cache, where it would evict the kept layers).
+        let streamer = match (opts.residency, opts.prefetch, cfg.arch) {
+            (crate::Residency::Cap(_), Prefetch::Ahead { .. }, a) if a != Arch::Qwen35 => {
+                StreamSchedule::build(
+                    backend.as_ref(),
+                    &manifest,
+                    &residency,
+                    |il| selection.runs(il) && dense.layer(il).is_none(),
+                    head_chunk_rows,
+                    read_depth,
+                )
+            }
+            _ => None,
+        };
         let ctx = opts
             .ctx
             .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
         let max_batch = opts.max_batch.max(1);
+        let n_layer = cfg.n_layer;
+        let matrix_names = (0..n_layer)
+            .map(|il| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
+            .collect();
         Ok(StreamingExecutor {
             scratch: DecoderScratch::new(&cfg, 1),
             profiler: Profiler::new(cfg.n_layer, opts.profile, opts.trace_memory),
@@ -241,12 +348,20 @@ impl StreamingExecutor {
             output_norm,
             residency,
             prefetcher,
+            streamer,
             prefetch_depth,
             warmed: false,
             acquisitions: 0,
+            faulted_in: vec![false; n_layer],
+            head_faulted_in: false,
+            matrix_names,
+            buffers: StepBuffers::default(),
             ctx,
             kv_type: opts.kv_type,
             max_batch,
+            selection,
+            dense,
+            hybrid,
         })
     }
 
@@ -274,12 +389,30 @@ impl StreamingExecutor {
     pub fn context_size(&self) -> usize {
         self.ctx
     }
+    /// The decoder layers that run.
+    pub fn layer_selection(&self) -> &LayerSelection {
+        &self.selection
+    }
+    /// Bytes of the dequantized layer matrices (`--weights f16|f32`; 0 with `keep`).
+    pub fn dense_weight_bytes(&self) -> u64 {
+        self.dense.bytes()
+    }
 
     /// A new, empty sequence with its own KV cache.
     pub fn new_sequence(&self) -> Sequence {
+        self.new_sequence_with_capacity(self.ctx)
+    }
+
+    /// A new, empty sequence whose KV cache holds at most `positions`
+    /// positions (clamped to `1..=context_size`): a server sizes each
+    /// request's cache to its prompt plus `max_tokens` rather than the whole
+    /// context, so many short requests do not each hold a full-context cache.
+    pub fn new_sequence_with_capacity(&self, positions: usize) -> Sequence {
+        let ctx = positions.clamp(1, self.ctx);
         Sequence {
             tokens: Vec::new(),
-            kv: KvCache::new(&self.cfg, self.ctx, self.max_batch, self.kv_type),
+            kv: KvCache::new(&self.cfg, ctx, self.max_batch, self.kv_type),
+            recurrent: RecurrentState::new(&self.cfg),
         }
     }
 
@@ -332,6 +465,13 @@ impl StreamingExecutor {
                 });
             }
         }
+        // A truncated hybrid sequence first rebuilds its recurrent state from
+        // the tokens it kept (a recurrent state cannot be rewound).
+        for (seq, _) in batch.iter_mut() {
+            if seq.recurrent.is_stale() {
+                self.replay(seq)?;
+            }
+        }
         let started = Instant::now();
         let n_total: usize = batch.iter().map(|(_, t)| t.len()).sum();
         let is_decode = batch.iter().all(|(_, t)| t.len() == 1);
@@ -370,6 +510,18 @@ impl StreamingExecutor {
         Ok(outputs)
     }
 
+    /// Rebuild a truncated hybrid sequence: clear its caches and run the
+    /// tokens it kept again.
+    fn replay(&mut self, seq: &mut Sequence) -> Result<()> {
+        let kept = std::mem::take(&mut seq.tokens);
+        seq.kv.truncate(0);
+        seq.recurrent.reset();
+        if !kept.is_empty() {
+            self.step(seq, &kept, StepOptions::default())?;
+        }
+        Ok(())
+    }
+
     /// One pass through the model for `pieces` (sequence index, token range).
     fn run_pieces(
         &mut self,
@@ -379,9 +531,13 @@ impl StreamingExecutor {
         outputs: &mut [StepOutput],
     ) -> Result<()> {
         let d = self.cfg.n_embd;
+        // The step's buffers, reused from the previous step (put back at the end).
+        let mut buf = std::mem::take(&mut self.buffers);
         // Stack the pieces: token ids, absolute positions, and row ranges.
-        let mut ids = Vec::new();
-        let mut positions = Vec::new();
+        let ids = &mut buf.ids;
+        let positions = &mut buf.positions;
+        ids.clear();
+        positions.clear();
         let mut rows = Vec::with_capacity(pieces.len());
         for (s, r) in pieces {
             let (seq, tokens) = &batch[*s];
@@ -394,30 +550,124 @@ impl StreamingExecutor {
         let n = ids.len();
 
         // h = embed[ids] (· sqrt(n_embd) for Gemma)
-        let mut hidden = vec![0.0f32; n * d];
-        self.embed(&ids, &mut hidden)?;
+        let hidden = &mut buf.hidden;
+        hidden.resize(n * d, 0.0); // every row is overwritten by `embed`
+        self.embed(ids, hidden)?;
 
         // The layers, in manifest order.
         let backend = self.backend.clone();
         for il in 0..self.cfg.n_layer {
+            // A layer left out by `--layers` is the identity on the residual stream.
+            if !self.selection.runs(il) {
+                continue;
+            }
             self.request_prefetch(il);
-            // Acquire: open the layer's matrices and fault their pages in.
+            // Hybrid stacks (Qwen3.5): a gated delta-net or gated attention
+            // layer over each sequence's recurrent state or KV cache.
+            if let Some(hybrid) = self.hybrid.as_mut() {
+                let mut segments: Vec<HybridSegment> = Vec::with_capacity(pieces.len());
+                for (s, (seq, _)) in batch.iter_mut().enumerate() {
+                    let Some(k) = pieces.iter().position(|(ps, _)| *ps == s) else {
+                        continue;
+                    };
+                    let memory = if self.cfg.is_recurrent(il) {
+                        seq.recurrent.layer_mut(il).map(LayerMemory::Recurrent)
+                    } else {
+                        seq.kv
+                            .layer_mut(il)
+                            .map(|kv| LayerMemory::Kv(kv as &mut dyn LayerKv))
+                    };
+                    if let Some(memory) = memory {
+                        segments.push(HybridSegment {
+                            tokens: rows[k].clone(),
+                            memory,
+                        });
+                    }
+                }
+                hybrid.run_layer(
+                    il,
+                    &self.cfg,
+                    backend.as_ref(),
+                    self.kernels.as_ref(),
+                    &self.residency,
+                    hidden,
+                    positions,
+                    &mut segments,
+                    &mut self.profiler,
+                )?;
+                drop(segments);
+                self.profiler.sample_memory(il);
+                continue;
+            }
+            // Acquire: open the layer's matrices and fault their pages in
+            // (nothing to read when they were dequantized at load).
             let t_io = Instant::now();
+            let dense = self.dense.layer(il);
             let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
-            for role in MATRIX_ROLES {
-                let h = open(backend.as_ref(), &layer_tensor(il, role))?;
-                memory::populate(h.bytes());
-                handles.push(h);
+            // A layer the cap streams arrives read into a buffer.
+            let streamed = match (&mut self.streamer, dense.is_none()) {
+                (Some(st), true) => match st.layer(il) {
+                    Some(item) => Some(st.reader.acquire(item).map_err(|what| {
+                        RuntimeError::StreamRead {
+                            tensor: layer_tensor(il, "*"),
+                            what,
+                        }
+                    })?),
+                    None => None,
+                },
+                _ => None,
+            };
+            if let Some(item) = &streamed {
+                for name in &self.matrix_names[il] {
+                    let info = backend
+                        .tensor_info(name)
+                        .ok_or_else(|| RuntimeError::StreamRead {
+                            tensor: name.clone(),
+                            what: "not in the checkpoint".into(),
+                        })?;
+                    let bytes = item
+                        .bytes(info.file_index, info.offset, info.byte_size)
+                        .ok_or_else(|| RuntimeError::StreamRead {
+                            tensor: name.clone(),
+                            what: "not in the streamed item".into(),
+                        })?;
+                    handles.push(TensorHandle::new(info, bytes, Vec::new()));
+                }
+            } else if dense.is_none() {
+                // A kept layer is populated once; later steps find it mapped.
+                let populate = !self.faulted_in[il];
+                for name in &self.matrix_names[il] {
+                    let h = open(backend.as_ref(), name)?;
+                    if populate {
+                        memory::populate(h.bytes());
+                    }
+                    handles.push(h);
+                }
+                self.faulted_in[il] = self.residency.is_resident(il);
             }
             self.profiler.record_io_wait(il, t_io.elapsed());
+            self.profiler
+                .record_bytes_acquired(il, handles.iter().map(|h| h.bytes().len() as u64).sum());
+            let matrices = match dense {
+                Some(dense) => dense
+                    .iter()
+                    .map(|m| {
+                        m.weight().map_err(|source| RuntimeError::Kernel {
+                            tensor: layer_tensor(il, "dense"),
+                            source,
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()?,
+                None => handles.iter().map(weight).collect::<Result<Vec<_>>>()?,
+            };
 
             let v = &self.vectors[il];
             let weights = LayerWeights {
                 attn_norm: &v.attn_norm,
-                q: weight(&handles[0])?,
-                k: weight(&handles[1])?,
-                v: weight(&handles[2])?,
-                o: weight(&handles[3])?,
+                q: matrices[0],
+                k: matrices[1],
+                v: matrices[2],
+                o: matrices[3],
                 q_bias: v.q_bias.as_deref(),
                 k_bias: v.k_bias.as_deref(),
                 v_bias: v.v_bias.as_deref(),
@@ -426,9 +676,9 @@ impl StreamingExecutor {
                 k_norm: v.k_norm.as_deref(),
                 post_attn_norm: v.post_attn_norm.as_deref(),
                 ffn_norm: &v.ffn_norm,
-                gate: weight(&handles[4])?,
-                up: weight(&handles[5])?,
-                down: weight(&handles[6])?,
+                gate: matrices[4],
+                up: matrices[5],
+                down: matrices[6],
                 post_ffn_norm: v.post_ffn_norm.as_deref(),
             };
             // Each sequence attends through its own cache of this layer.
@@ -449,19 +699,24 @@ impl StreamingExecutor {
                 &self.cfg,
                 &self.plans[il],
                 &weights,
-                &mut hidden,
-                &positions,
+                hidden,
+                positions,
                 &mut segments,
                 self.kernels.as_ref(),
                 &mut self.scratch,
                 &mut self.profiler,
             )?;
             drop(segments);
-            // Release: streamed layers give their pages back.
-            if !self.residency.is_resident(il) {
+            // Release: streamed layers give their pages (or read buffer) back.
+            drop(matrices);
+            if streamed.is_none() && !self.residency.is_resident(il) {
                 for h in &handles {
                     memory::release(h.bytes());
                 }
+            }
+            drop(handles);
+            if let (Some(item), Some(st)) = (streamed, &self.streamer) {
+                st.reader.release(item);
             }
             self.profiler.sample_memory(il);
         }
@@ -486,11 +741,13 @@ impl StreamingExecutor {
             }
         }
         if wanted.is_empty() {
+            self.buffers = buf;
             return Ok(());
         }
         // x = rmsnorm(h[wanted]) · output_norm
         let t_norm = Instant::now();
-        let mut normed = vec![0.0f32; wanted.len() * d];
+        let normed = &mut buf.normed;
+        normed.resize(wanted.len() * d, 0.0); // every row is overwritten below
         for (i, (row, _, _)) in wanted.iter().enumerate() {
             ops::rms_norm(
                 &hidden[row * d..(row + 1) * d],
@@ -501,8 +758,9 @@ impl StreamingExecutor {
             );
         }
         self.profiler.record_other("output_norm", t_norm.elapsed());
-        // logits = x · Woutᵀ, streamed in row chunks
-        let logits = self.output_head(&normed, wanted.len())?;
+        // logits = x · Woutᵀ (streamed in row chunks unless the head is kept)
+        let logits = &mut buf.logits;
+        self.output_head(normed, wanted.len(), logits, &mut buf.head_part)?;
         let vocab = self.vocab_size();
         for (i, (_, s, last)) in wanted.iter().enumerate() {
             let row = &logits[i * vocab..(i + 1) * vocab];
@@ -517,6 +775,7 @@ impl StreamingExecutor {
                 }
             }
         }
+        self.buffers = buf;
         Ok(())
     }
 
@@ -531,6 +790,14 @@ impl StreamingExecutor {
         let n = self.cfg.n_layer;
         for ahead in 1..=self.prefetch_depth {
             let next = (il + ahead) % (n + 1);
+            // Layers left out by `--layers`, or dequantized at load, are never read.
+            if next < n && (!self.selection.runs(next) || self.dense.layer(next).is_some()) {
+                continue;
+            }
+            // Layers the stream reader reads are not mapped.
+            if next < n && self.streamer.as_ref().is_some_and(|st| st.layer(next).is_some()) {
+                continue;
+            }
             // A streamed head is read chunk by chunk by `output_head`;
             // populating it whole here would map all of it at once.
             if next == n && !self.residency.output_resident {
@@ -567,52 +834,105 @@ impl StreamingExecutor {
 
     /// `logits = x · Woutᵀ` for `m` rows of `x`, reading the head in chunks
     /// of rows so that a large vocabulary never has to be resident at once.
-    fn output_head(&mut self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+    fn output_head(
+        &mut self,
+        x: &[f32],
+        m: usize,
+        logits: &mut Vec<f32>,
+        part: &mut Vec<f32>,
+    ) -> Result<()> {
         self.acquisitions += 1;
         if let Some(p) = &self.prefetcher {
             p.advance(self.acquisitions);
         }
-        let backend = self.backend.clone();
-        let name = self.manifest.output.name.clone();
-        let h = open(backend.as_ref(), &name)?;
+        let name = &self.manifest.output.name;
+        let h = open(self.backend.as_ref(), name)?;
         let w = weight(&h)?;
         let vocab = w.rows;
-        let chunk_rows = (HEAD_CHUNK_BYTES / w.row_bytes().max(1)).max(64);
-        let mut logits = vec![0.0f32; m * vocab];
-        let mut part = vec![0.0f32; m * chunk_rows.min(vocab)];
-        let mut r0 = 0;
-        while r0 < vocab {
-            let r1 = (r0 + chunk_rows).min(vocab);
-            let chunk = w.row_range(r0..r1).map_err(|source| RuntimeError::Kernel {
-                tensor: name.clone(),
-                source,
-            })?;
-            let t_io = Instant::now();
-            memory::populate(chunk.data);
-            self.profiler.record_other("head_io_wait", t_io.elapsed());
+        let kernel_error = |source| RuntimeError::Kernel {
+            tensor: name.clone(),
+            source,
+        };
+        logits.resize(m * vocab, 0.0); // every value is overwritten below
+        if self.residency.output_resident {
+            // A kept head: populated once, then one matmul over every row.
+            if !self.head_faulted_in {
+                let t_io = Instant::now();
+                memory::populate(w.data);
+                self.head_faulted_in = true;
+                self.profiler.record_other("head_io_wait", t_io.elapsed());
+            }
             let t_mm = Instant::now();
-            let rows = r1 - r0;
-            let out = &mut part[..m * rows];
             self.kernels
-                .matmul(&chunk, x, m, out)
-                .map_err(|source| RuntimeError::Kernel {
-                    tensor: name.clone(),
-                    source,
-                })?;
-            for t in 0..m {
-                logits[t * vocab + r0..t * vocab + r1]
-                    .copy_from_slice(&out[t * rows..(t + 1) * rows]);
-            }
+                .matmul(&w, x, m, logits)
+                .map_err(kernel_error)?;
             self.profiler.record_other("matmul_head", t_mm.elapsed());
-            if !self.residency.output_resident {
-                memory::release(chunk.data);
+        } else if let Some(st) = self.streamer.as_mut().filter(|st| !st.head_chunks().is_empty()) {
+            // A head the cap streams: row chunks read ahead into buffers.
+            let max_rows = st.head_chunks().iter().map(|(r, _)| r.len()).max().unwrap_or(0);
+            part.clear();
+            part.resize(m * max_rows, 0.0);
+            for k in 0..st.head_chunks().len() {
+                let (range, item) = st.head_chunks()[k].clone();
+                let t_io = Instant::now();
+                let read = st.reader.acquire(item).map_err(|what| RuntimeError::StreamRead {
+                    tensor: name.clone(),
+                    what,
+                })?;
+                self.profiler.record_other("head_io_wait", t_io.elapsed());
+                let t_mm = Instant::now();
+                let mut chunk = w.row_range(range.clone()).map_err(kernel_error)?;
+                let info = h.info();
+                let at = info.offset + (range.start * w.row_bytes()) as u64;
+                chunk.data = read
+                    .bytes(info.file_index, at, chunk.data.len() as u64)
+                    .ok_or_else(|| RuntimeError::StreamRead {
+                        tensor: name.clone(),
+                        what: format!("rows {range:?} not in the streamed chunk"),
+                    })?;
+                let rows = range.len();
+                let out = &mut part[..m * rows];
+                self.kernels
+                    .matmul(&chunk, x, m, out)
+                    .map_err(kernel_error)?;
+                for t in 0..m {
+                    logits[t * vocab + range.start..t * vocab + range.end]
+                        .copy_from_slice(&out[t * rows..(t + 1) * rows]);
+                }
+                self.profiler.record_other("matmul_head", t_mm.elapsed());
+                st.reader.release(read);
             }
-            r0 = r1;
+        } else {
+            // A streamed head: row chunks, each faulted in, used, released.
+            let chunk_rows = head_chunk_rows(w.row_bytes());
+            part.clear();
+            part.resize(m * chunk_rows.min(vocab), 0.0);
+            let mut r0 = 0;
+            while r0 < vocab {
+                let r1 = (r0 + chunk_rows).min(vocab);
+                let chunk = w.row_range(r0..r1).map_err(kernel_error)?;
+                let t_io = Instant::now();
+                memory::populate(chunk.data);
+                self.profiler.record_other("head_io_wait", t_io.elapsed());
+                let t_mm = Instant::now();
+                let rows = r1 - r0;
+                let out = &mut part[..m * rows];
+                self.kernels
+                    .matmul(&chunk, x, m, out)
+                    .map_err(kernel_error)?;
+                for t in 0..m {
+                    logits[t * vocab + r0..t * vocab + r1]
+                        .copy_from_slice(&out[t * rows..(t + 1) * rows]);
+                }
+                self.profiler.record_other("matmul_head", t_mm.elapsed());
+                memory::release(chunk.data);
+                r0 = r1;
+            }
         }
         // logits = cap · tanh(logits / cap) (final soft-capping, when set)
         if let Some(cap) = self.cfg.final_logit_softcap {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
-        Ok(logits)
+        Ok(())
     }
 }

@@ -141,6 +141,12 @@ impl<'m> Generation<'m> {
         self.model
     }
 
+    /// End the generation and take the sequence back: every token fed so
+    /// far (the last sampled token has not been fed yet).
+    pub fn into_sequence(self) -> Sequence {
+        self.seq
+    }
+
     fn next_token(&mut self) -> Result<Option<TokenEvent>> {
         if self.finished {
             return Ok(None);

@@ -159,6 +159,10 @@ impl KvCache {
     pub fn new(cfg: &ModelConfig, ctx: usize, max_batch: usize, kind: KvType) -> KvCache {
         let layers = (0..cfg.n_layer)
             .map(|il| match cfg.window(il) {
+                // Recurrent (delta-net) layers of a hybrid stack keep no KV.
+                _ if cfg.is_recurrent(il) => {
+                    LayerKvCache::new(il, cfg.kv_dim(), 0, false, ctx, kind)
+                }
                 Some(w) if w + max_batch < ctx => {
                     LayerKvCache::new(il, cfg.kv_dim(), w + max_batch, true, ctx, kind)
                 }

@@ -25,17 +25,24 @@
 pub mod error;
 pub mod executor;
 pub mod generate;
+mod hybrid_layers;
 pub mod kv_cache;
+pub mod layer_range;
 pub mod memory;
 pub mod model;
 pub mod npy;
 pub mod options;
 pub mod prefetch;
 pub mod profiler;
+pub mod recurrent_state;
 pub mod residency;
+pub mod stream_reader;
+pub mod weights_override;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
+pub use layer_range::LayerSelection;
+pub use weights_override::WeightsMode;
 pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency};

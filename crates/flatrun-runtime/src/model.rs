@@ -164,6 +164,18 @@ impl Model {
         let seq = self.executor.new_sequence();
         Generation::new(self, seq, tokens, opts)
     }
+
+    /// Generate by continuing `seq` (which may already hold a cached prefix,
+    /// e.g. the earlier turns of a chat): `tokens` are fed first. Take the
+    /// sequence back with [`Generation::into_sequence`] to continue it later.
+    pub fn generate_in(
+        &mut self,
+        seq: Sequence,
+        tokens: Vec<u32>,
+        opts: GenerateOptions,
+    ) -> Result<Generation<'_>> {
+        Generation::new(self, seq, tokens, opts)
+    }
 }
 
 /// One sequence over a model: feed tokens, read logits.

@@ -122,6 +122,10 @@ pub struct LoadOptions {
     pub profile: bool,
     /// Sample RSS and page-cache residency after every layer.
     pub trace_memory: bool,
+    /// Run the layers' matrices quantized (`Keep`) or dequantized once to f16/f32.
+    pub weights: crate::weights_override::WeightsMode,
+    /// Run only these decoder layers (`None`: all).
+    pub layers: Option<crate::layer_range::LayerSelection>,
 }
 
 impl Default for LoadOptions {
@@ -136,6 +140,8 @@ impl Default for LoadOptions {
             max_batch: 512,
             profile: false,
             trace_memory: false,
+            weights: crate::weights_override::WeightsMode::Keep,
+            layers: None,
         }
     }
 }

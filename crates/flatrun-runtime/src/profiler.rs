@@ -29,6 +29,8 @@ pub struct LayerTimes {
     pub io_wait: Duration,
     /// Time per op.
     pub ops: BTreeMap<&'static str, Duration>,
+    /// Bytes of mapped weights acquired (faulted in) for this layer.
+    pub bytes_acquired: u64,
 }
 
 /// RSS after one layer step.
@@ -115,6 +117,14 @@ impl Profiler {
             Instant::now(),
             elapsed,
         );
+    }
+
+    /// Bytes of mapped weights acquired for layer `layer` (counted even
+    /// when timings are off, so tests can check which layers were read).
+    pub fn record_bytes_acquired(&mut self, layer: usize, bytes: u64) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.bytes_acquired += bytes;
+        }
     }
 
     /// Time of work outside the layers (`embed`, `head`, `head_io_wait`, `sampling`).

@@ -74,6 +74,27 @@ impl ResidencyPlan {
         }
     }
 
+    /// Plan `policy` like [`ResidencyPlan::new`], where a `Cap` also pays
+    /// for the buffers that streamed items are read into: `depth + 1`
+    /// buffers of the largest layer or head chunk (`chunk_bytes`), so that
+    /// kept weights plus read buffers stay within the cap.
+    pub fn with_stream_buffers(
+        policy: Residency,
+        manifest: &Manifest,
+        depth: usize,
+        chunk_bytes: u64,
+    ) -> ResidencyPlan {
+        let policy = match policy {
+            Residency::Cap(cap) => {
+                let largest = manifest.largest_layer_bytes().max(chunk_bytes);
+                let reserve = largest.saturating_mul(depth.max(1) as u64 + 1);
+                Residency::Cap(cap.saturating_sub(reserve))
+            }
+            other => other,
+        };
+        ResidencyPlan::new(policy, manifest)
+    }
+
     /// Whether layer `i` is kept resident.
     pub fn is_resident(&self, i: usize) -> bool {
         self.resident.get(i).copied().unwrap_or(false)

@@ -150,17 +150,15 @@ fn smollm2_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
-// Known failure (issue 6): about 105-115 MB of anonymous memory over the
-// budget on the 262k/152k-vocabulary models, most likely the metadata arrays
-// and tokenizer tables. Run with `cargo test --release -- --ignored`.
+// The 262k/152k-vocabulary models used to exceed the budget by their token
+// tables (one `String` per token, copied three times); the tokenizer now keeps
+// them in compact tables (`tokenizer/text_table.rs`).
 #[test]
-#[ignore = "issue 6: peak RSS over budget by the vocabulary tables (~115 MB)"]
 fn gemma3_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("gemma-3-270m-q4_k_m.gguf");
 }
 
 #[test]
-#[ignore = "issue 6: peak RSS over budget by the vocabulary tables (~105 MB)"]
 fn qwen2_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
 }

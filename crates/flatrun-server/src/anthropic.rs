@@ -128,6 +128,15 @@ fn chat_messages(
         let content = content_text(message.content, &format!("messages.{i}.content"))?;
         turns.push(ChatMessage::new(role, content));
     }
+    // As Anthropic's API: a prefill may not end in whitespace.
+    if let Some(last) = turns.last() {
+        if last.role == Role::Assistant && last.content.ends_with(char::is_whitespace) {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                "messages: final assistant content cannot end with trailing whitespace",
+            ));
+        }
+    }
     Ok(turns)
 }
 
@@ -156,8 +165,9 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     };
     let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
     let turns = chat_messages(request.system, request.messages)?;
+    // A final assistant message is the start of the answer (prefill).
     let prompt = engine
-        .encode_chat(&turns)
+        .encode_chat_continuing(&turns)
         .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
     let sampling = state.sampling(SamplingOverrides {
         temperature: request.temperature,
@@ -214,7 +224,7 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
         state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
         let turns = chat_messages(request.system, request.messages)?;
         let prompt = engine
-            .encode_chat(&turns)
+            .encode_chat_continuing(&turns)
             .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
         Ok::<_, ApiError>(json!({"input_tokens": prompt.len()}))
     })();

@@ -35,7 +35,8 @@ pub struct ServeArgs {
     /// Serve the model under this name instead of its own.
     #[arg(long)]
     pub served_name: Option<String>,
-    /// Seconds without output after which Anthropic streams send a ping.
+    /// Seconds without output after which Anthropic streams send a `ping`
+    /// event and OpenAI streams an SSE comment (keep-alive).
     #[arg(long, default_value_t = 1.0)]
     pub ping_interval: f64,
     /// Seconds in-flight requests get to finish on SIGINT/SIGTERM.

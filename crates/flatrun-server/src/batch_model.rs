@@ -24,11 +24,18 @@
 //! prompt chunks). A streaming runtime should load each layer once per call
 //! and apply it to every sequence of the batch.
 //!
+//! `new_sequence` is told how many positions the sequence will ever hold
+//! (its prompt plus `max_tokens`, never more than the context), so a runtime
+//! can size its KV cache to the request instead of the whole context.
 //! `free` releases the KV cache of a sequence; the scheduler calls it exactly
 //! once per sequence, when the generation ends or its client went away.
+//!
+//! Sampling (`flatrun_model::sampling`), stop strings and streaming
+//! detokenization are the scheduler's; a model only provides the logits and,
+//! through [`TextModel::stream_decoder`], its tokenizer's streaming decoder.
 
-use crate::engine::{ChatMessage, SamplingParams};
-use crate::sampler::Sampler;
+use crate::engine::ChatMessage;
+use flatrun_model::tokenizer::StreamDecoder;
 
 /// Identifies a sequence (a KV cache) inside a [`BatchModel`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -70,30 +77,39 @@ pub trait TextModel: Send + Sync + 'static {
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
     /// True for tokens that end a generation (EOS, `<|im_end|>`, ...).
     fn is_end_of_generation(&self, token: u32) -> bool;
+    /// A streaming detokenizer for one generation (for a Flatrun model:
+    /// its tokenizer's [`StreamDecoder`]).
+    fn stream_decoder(&self) -> Box<dyn TokenTextStream + '_>;
+}
+
+/// Turns the tokens of one generation into text as they arrive, never
+/// splitting a UTF-8 character.
+pub trait TokenTextStream {
+    /// Feeds one token; returns the text it completes (possibly empty).
+    fn push(&mut self, token: u32) -> String;
+    /// Whatever is still held back at the end of the generation.
+    fn finish(self: Box<Self>) -> String;
+}
+
+impl TokenTextStream for StreamDecoder<'_> {
+    fn push(&mut self, token: u32) -> String {
+        StreamDecoder::push(self, token).unwrap_or_default()
+    }
+    fn finish(self: Box<Self>) -> String {
+        StreamDecoder::finish(*self)
+    }
 }
 
 /// The compute side of a model: owned by the scheduler thread.
 pub trait BatchModel: Send + 'static {
-    /// Opens a new, empty sequence.
-    fn new_sequence(&mut self) -> Result<SeqId, ModelError>;
+    /// Opens a new, empty sequence that will hold at most `positions`
+    /// tokens (prompt plus `max_tokens`, at most the context length).
+    fn new_sequence(&mut self, positions: usize) -> Result<SeqId, ModelError>;
     /// Runs one pass through the layers for the whole batch (see the module
     /// docs for the contract).
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Releases a sequence and its KV cache.
     fn free(&mut self, seq: SeqId);
-    /// Picks the next token of `seq` from its logits. The default uses the
-    /// server's [`Sampler`] (temperature, top-k, top-p, seeded); a runtime may
-    /// override it to use its own sampler.
-    fn sample(
-        &mut self,
-        seq: SeqId,
-        logits: &[f32],
-        params: &SamplingParams,
-        sampler: &mut Sampler,
-    ) -> u32 {
-        let _ = (seq, params);
-        sampler.sample(logits)
-    }
     /// Weight residency, if the model tracks it.
     fn residency(&self) -> Option<Residency> {
         None

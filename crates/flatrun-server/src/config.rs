@@ -21,8 +21,8 @@ pub struct ServerConfig {
     pub served_model_name: Option<String>,
     /// Sampling used where a request does not say (the CLI's sampling flags).
     pub default_sampling: SamplingParams,
-    /// Anthropic streams send a `ping` event after this long without output
-    /// (a long prefill).
+    /// Anthropic streams send a `ping` event, OpenAI streams an SSE comment,
+    /// after this long without output (queued, or a long prefill).
     pub ping_interval: Duration,
     /// On SIGINT/SIGTERM, how long in-flight requests may run before they
     /// are cancelled.

@@ -269,6 +269,20 @@ pub trait Engine: Send + Sync + 'static {
         let text = self.render_chat(messages)?;
         self.tokenize(&text, true)
     }
+    /// The prompt tokens for a chat whose last message, when it is the
+    /// assistant's, is the beginning of the answer to continue (Anthropic's
+    /// prefill): the template over the earlier messages, ending with the
+    /// assistant prompt, then that text. Otherwise [`Engine::encode_chat`].
+    fn encode_chat_continuing(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        match messages.split_last() {
+            Some((last, earlier)) if last.role == Role::Assistant => {
+                let mut text = self.render_chat(earlier)?;
+                text.push_str(&last.content);
+                self.tokenize(&text, true)
+            }
+            _ => self.encode_chat(messages),
+        }
+    }
     /// Starts a generation, or refuses it at once (queue full, too long).
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError>;
     /// Counters for `/metrics`.

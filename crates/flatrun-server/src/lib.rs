@@ -61,27 +61,25 @@ pub mod api_error;
 pub mod args;
 pub mod batch_model;
 pub mod config;
-pub mod detokenize;
 pub mod engine;
 pub mod metrics;
 pub mod mock;
 pub mod openai;
 pub mod request_body;
-pub mod sampler;
 pub mod scheduler;
 pub mod server;
 pub mod state;
-pub mod stop;
 
 pub use api_error::{ApiError, ApiFlavor, ErrorKind};
 pub use args::ServeArgs;
-pub use batch_model::{BatchModel, ModelError, Residency, SeqId, StepInput, TextModel};
+pub use batch_model::{
+    BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
+};
 pub use config::ServerConfig;
 pub use engine::{
     ChatMessage, Engine, EngineError, EngineStats, FinishReason, GenerationEvent,
     GenerationRequest, GenerationStream, Role, SamplingParams, Usage,
 };
-pub use sampler::Sampler;
 pub use scheduler::{BatchEngine, SchedulerConfig};
 pub use server::{router, serve, serve_loading, shutdown_signal, Server, ServerError};
 pub use state::{AppState, EngineSlot};

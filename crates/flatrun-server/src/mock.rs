@@ -36,7 +36,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::batch_model::{BatchModel, ModelError, Residency, SeqId, StepInput, TextModel};
+use crate::batch_model::{
+    BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
+};
 use crate::engine::ChatMessage;
 use crate::scheduler::{BatchEngine, SchedulerConfig};
 
@@ -147,12 +149,45 @@ impl TextModel for MockText {
     fn is_end_of_generation(&self, token: u32) -> bool {
         token == EOS
     }
+
+    fn stream_decoder(&self) -> Box<dyn TokenTextStream + '_> {
+        Box::new(MockStreamDecoder::default())
+    }
+}
+
+/// The mock's streaming detokenizer: bytes in, whole characters out.
+#[derive(Debug, Default)]
+struct MockStreamDecoder {
+    /// Bytes of an incomplete character.
+    pending: Vec<u8>,
+}
+
+impl TokenTextStream for MockStreamDecoder {
+    fn push(&mut self, token: u32) -> String {
+        if let Ok(byte) = u8::try_from(token) {
+            self.pending.push(byte);
+        }
+        // Everything but an incomplete character at the very end.
+        let complete = match std::str::from_utf8(&self.pending) {
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            _ => self.pending.len(),
+        };
+        let text = String::from_utf8_lossy(&self.pending[..complete]).into_owned();
+        self.pending.drain(..complete);
+        text
+    }
+
+    fn finish(self: Box<Self>) -> String {
+        String::from_utf8_lossy(&self.pending).into_owned()
+    }
 }
 
 /// Per-sequence state of the mock: how many tokens it was fed.
 #[derive(Debug, Default)]
 struct MockSequence {
     fed: usize,
+    /// Positions the scheduler said this sequence would need at most.
+    capacity: usize,
     /// Tokens fed when logits were first asked for (the prompt length).
     prompt_len: Option<usize>,
 }
@@ -204,10 +239,14 @@ fn noise(a: u64, b: u64) -> f32 {
 }
 
 impl BatchModel for MockModel {
-    fn new_sequence(&mut self) -> Result<SeqId, ModelError> {
+    fn new_sequence(&mut self, positions: usize) -> Result<SeqId, ModelError> {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        self.sequences.insert(id, MockSequence::default());
+        let sequence = MockSequence {
+            capacity: positions,
+            ..MockSequence::default()
+        };
+        self.sequences.insert(id, sequence);
         self.stats.live_sequences.fetch_add(1, Ordering::SeqCst);
         self.stats.sequences_opened.fetch_add(1, Ordering::SeqCst);
         Ok(id)
@@ -229,10 +268,12 @@ impl BatchModel for MockModel {
                 .get_mut(&input.seq)
                 .ok_or_else(|| ModelError(format!("unknown sequence {}", input.seq.0)))?;
             sequence.fed += input.tokens.len();
-            if sequence.fed > self.config.context_length {
+            // Like a KV cache sized at `new_sequence`: no room past it.
+            let room = sequence.capacity.min(self.config.context_length);
+            if sequence.fed > room {
                 return Err(ModelError(format!(
-                    "sequence {} overflows the context of {}",
-                    input.seq.0, self.config.context_length
+                    "sequence {} overflows its {room} positions",
+                    input.seq.0
                 )));
             }
             if !input.logits_needed {

@@ -2,9 +2,10 @@
 //! `POST /v1/completions`, `GET /v1/models`.
 
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::stream::{self, Stream};
@@ -90,6 +91,10 @@ pub struct ChatCompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[serde(default)]
     pub n: Option<u64>,
+    /// vLLM's extension: continue a final assistant message instead of
+    /// starting a new turn after it.
+    #[serde(default)]
+    pub continue_final_message: Option<bool>,
 }
 
 /// `prompt`: a string, or a list holding exactly one string.
@@ -210,9 +215,14 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
     let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
     check_n(request.n)?;
     let messages = chat_messages(request.messages)?;
-    let prompt = engine
-        .encode_chat(&messages)
-        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+    // OpenAI's own API answers a final assistant message with a new turn;
+    // `continue_final_message` (as vLLM) continues it instead.
+    let prompt = if request.continue_final_message.unwrap_or(false) {
+        engine.encode_chat_continuing(&messages)
+    } else {
+        engine.encode_chat(&messages)
+    }
+    .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
     let sampling = state.sampling(SamplingOverrides {
         temperature: request.temperature,
         top_p: request.top_p,
@@ -229,7 +239,8 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
     };
     if request.stream.unwrap_or(false) {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(sse(SseState::new(generation, meta, include_usage, true)));
+        let stream = SseState::new(generation, meta, include_usage, true);
+        return Ok(sse(stream, state.config.ping_interval));
     }
     let (text, reason, usage) = generation.collect_text().await.map_err(internal)?;
     Ok(Json(json!({
@@ -294,7 +305,8 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
     };
     if request.stream.unwrap_or(false) {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        return Ok(sse(SseState::new(generation, meta, include_usage, false)));
+        let stream = SseState::new(generation, meta, include_usage, false);
+        return Ok(sse(stream, state.config.ping_interval));
     }
     let (text, reason, usage) = generation.collect_text().await.map_err(internal)?;
     Ok(Json(json!({
@@ -489,9 +501,14 @@ impl SseState {
     }
 }
 
-fn sse(state: SseState) -> Response {
+/// The SSE response. While no chunk comes (waiting in the queue, a long
+/// prefill) an SSE comment line every `keep_alive` keeps the connection
+/// alive and lets the server notice a client that went away.
+fn sse(state: SseState, keep_alive: Duration) -> Response {
     let events = stream::unfold(state, SseState::next);
-    Sse::new(ok_events(events)).into_response()
+    Sse::new(ok_events(events))
+        .keep_alive(KeepAlive::new().interval(keep_alive))
+        .into_response()
 }
 
 fn ok_events(

@@ -8,8 +8,11 @@
 //! 4. runs **one** [`BatchModel::step`] for every running sequence: a prompt
 //!    chunk for those still reading their prompt, the last sampled token for
 //!    the others;
-//! 5. samples a token for each sequence that got logits, detokenizes it,
-//!    checks the stop strings and limits, and sends the events.
+//! 5. samples a token for each sequence that got logits
+//!    ([`flatrun_model::sampling::Sampler`]), detokenizes it (the model's
+//!    [`TextModel::stream_decoder`]), checks the stop strings
+//!    ([`flatrun_model::sampling::StopMatcher`]) and limits, and sends the
+//!    events.
 //!
 //! Admission is decided at [`Engine::submit`]: beyond `max_seqs` running and
 //! `max_queue` waiting, a request is refused at once with
@@ -23,14 +26,12 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel};
-use crate::detokenize::IncrementalDecoder;
+use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
 use crate::engine::{
     generation_channel, ChatMessage, Engine, EngineError, EngineStats, FinishReason,
     GenerationEvent, GenerationRequest, GenerationSink, GenerationStream, SamplingParams, Usage,
 };
-use crate::sampler::Sampler;
-use crate::stop::{StopMatcher, StopOutcome};
+use flatrun_model::sampling::{self, Sampler, StopMatcher};
 
 /// Limits of the batch scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -110,18 +111,24 @@ impl BatchEngine {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let started = Instant::now();
-        let mut worker = Worker {
-            model,
-            text: text.clone(),
-            config: config.clone(),
-            shared: shared.clone(),
-            started,
-            waiting: VecDeque::new(),
-            active: Vec::new(),
-        };
+        let worker_text = text.clone();
+        let worker_config = config.clone();
+        let worker_shared = shared.clone();
         let thread = std::thread::Builder::new()
             .name("flatrun-scheduler".to_string())
-            .spawn(move || worker.run(rx))?;
+            .spawn(move || {
+                // The worker borrows the text model for the streaming decoders.
+                let mut worker = Worker {
+                    model,
+                    text: worker_text.as_ref(),
+                    config: worker_config,
+                    shared: worker_shared,
+                    started,
+                    waiting: VecDeque::new(),
+                    active: Vec::new(),
+                };
+                worker.run(rx)
+            })?;
         Ok(BatchEngine {
             text,
             config,
@@ -277,26 +284,64 @@ fn validate(request: &GenerationRequest, context_length: usize) -> Result<(), En
     Ok(())
 }
 
+/// The model's sampler settings for a request: the API's temperature,
+/// top-k, top-p and seed, no penalties.
+fn sampler_params(params: &SamplingParams) -> sampling::SamplingParams {
+    sampling::SamplingParams {
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        seed: params.seed,
+        penalty_window: 0,
+        ..sampling::SamplingParams::default()
+    }
+}
+
 /// A sequence in the running batch.
-struct Running {
+struct Running<'t> {
     seq: SeqId,
     job: Job,
     /// Prompt tokens already fed to the model.
     prefilled: usize,
     /// The last sampled token, fed at the next step.
     last_token: u32,
-    generated: usize,
+    /// Tokens generated so far (the sampler's history).
+    generated: Vec<u32>,
     sampler: Sampler,
-    decoder: IncrementalDecoder,
+    /// Always `Some` until the generation finishes.
+    decoder: Option<Box<dyn TokenTextStream + 't>>,
     stop: StopMatcher,
+    /// Text given to `stop` and not yet released (where a stop string starts).
+    held: String,
 }
 
-impl Running {
+impl Running<'_> {
     fn usage(&self) -> Usage {
         Usage {
             prompt_tokens: self.job.request.prompt.len(),
-            completion_tokens: self.generated,
+            completion_tokens: self.generated.len(),
         }
+    }
+
+    /// Passes text through the stop strings: the text to send now, and the
+    /// stop string that ended the generation, if one did.
+    fn release(&mut self, piece: &str) -> (String, Option<String>) {
+        self.held.push_str(piece);
+        let result = self.stop.push(piece);
+        let stopped = result.stopped.then(|| {
+            // The stop string starts right after the released text.
+            let rest = self.held.get(result.emit.len()..).unwrap_or_default();
+            self.job
+                .request
+                .stop
+                .iter()
+                .filter(|s| !s.is_empty() && rest.starts_with(s.as_str()))
+                .max_by_key(|s| s.len())
+                .cloned()
+                .unwrap_or_default()
+        });
+        self.held.drain(..result.emit.len().min(self.held.len()));
+        (result.emit, stopped)
     }
 }
 
@@ -309,17 +354,17 @@ enum Next {
 }
 
 /// The scheduler thread's state.
-struct Worker<M: BatchModel> {
+struct Worker<'t, M: BatchModel> {
     model: M,
-    text: Arc<dyn TextModel>,
+    text: &'t dyn TextModel,
     config: SchedulerConfig,
     shared: Arc<Shared>,
     started: Instant,
     waiting: VecDeque<Job>,
-    active: Vec<Running>,
+    active: Vec<Running<'t>>,
 }
 
-impl<M: BatchModel> Worker<M> {
+impl<'t, M: BatchModel> Worker<'t, M> {
     fn run(&mut self, commands: Receiver<Command>) {
         loop {
             // 1. New submissions; block only when there is nothing to run.
@@ -419,19 +464,23 @@ impl<M: BatchModel> Worker<M> {
             let Some(job) = self.waiting.pop_front() else {
                 break;
             };
-            match self.model.new_sequence() {
+            // The sequence's KV cache only needs the prompt plus max_tokens.
+            let positions =
+                (job.request.prompt.len() + job.request.max_tokens).min(self.text.context_length());
+            match self.model.new_sequence(positions) {
                 Ok(seq) => {
-                    let sampler = Sampler::new(job.request.sampling.clone());
-                    let stop = StopMatcher::new(&job.request.stop);
+                    let sampler = Sampler::new(sampler_params(&job.request.sampling));
+                    let stop = StopMatcher::new(job.request.stop.iter().cloned());
                     self.active.push(Running {
                         seq,
                         job,
                         prefilled: 0,
                         last_token: 0,
-                        generated: 0,
+                        generated: Vec::new(),
                         sampler,
-                        decoder: IncrementalDecoder::new(),
+                        decoder: Some(self.text.stream_decoder()),
                         stop,
+                        held: String::new(),
                     });
                 }
                 Err(e) => {
@@ -496,7 +545,7 @@ impl<M: BatchModel> Worker<M> {
         // Sample, detokenize and report, sequence by sequence.
         let mut sampled = 0u64;
         let mut outcomes = Vec::with_capacity(self.active.len());
-        for (running, row) in self.active.iter_mut().zip(logits) {
+        for (running, mut row) in self.active.iter_mut().zip(logits) {
             let prompt_len = running.job.request.prompt.len();
             if running.prefilled < prompt_len {
                 let end = (running.prefilled + chunk).min(prompt_len);
@@ -513,12 +562,9 @@ impl<M: BatchModel> Worker<M> {
                 outcomes.push(Next::Fail("the model returned no logits".to_string()));
                 continue;
             }
-            let params = running.job.request.sampling.clone();
-            let token = self
-                .model
-                .sample(running.seq, &row, &params, &mut running.sampler);
+            let token = running.sampler.sample(&mut row, &running.generated);
             sampled += 1;
-            outcomes.push(advance(running, token, self.text.as_ref()));
+            outcomes.push(advance(running, token, self.text));
         }
         self.shared
             .generated_tokens_total
@@ -529,11 +575,7 @@ impl<M: BatchModel> Worker<M> {
         for (index, next) in outcomes.into_iter().enumerate().rev() {
             let event = match next {
                 Next::Continue => continue,
-                Next::Finish(reason) => Some(finish_event(
-                    &mut self.active[index],
-                    reason,
-                    self.text.as_ref(),
-                )),
+                Next::Finish(reason) => Some(finish_event(&mut self.active[index], reason)),
                 Next::Fail(message) => Some(GenerationEvent::Failed { message }),
                 Next::Gone => None,
             };
@@ -578,22 +620,20 @@ impl<M: BatchModel> Worker<M> {
 
 /// Takes a sampled token into a sequence: end of generation, text, stop
 /// strings, limits.
-fn advance(running: &mut Running, token: u32, text: &dyn TextModel) -> Next {
+fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next {
     // An end-of-generation token ends the answer and is not part of it.
     if text.is_end_of_generation(token) {
         return Next::Finish(FinishReason::EndOfText);
     }
-    running.generated += 1;
+    running.generated.push(token);
     running.last_token = token;
     // Its text, held back while it could begin a stop string.
-    let piece = match running.decoder.push(text, token) {
-        Ok(piece) => piece,
-        Err(e) => return Next::Fail(e.to_string()),
-    };
-    let (released, stopped) = match running.stop.push(&piece) {
-        StopOutcome::Continue { released } => (released, None),
-        StopOutcome::Stopped { released, stop } => (released, Some(stop)),
-    };
+    let piece = running
+        .decoder
+        .as_mut()
+        .map(|decoder| decoder.push(token))
+        .unwrap_or_default();
+    let (released, stopped) = running.release(&piece);
     if !running.job.sink.send(GenerationEvent::Token {
         id: token,
         text: released,
@@ -605,8 +645,8 @@ fn advance(running: &mut Running, token: u32, text: &dyn TextModel) -> Next {
     }
     // Limits: the request's max_tokens, then the context.
     let request = &running.job.request;
-    if running.generated >= request.max_tokens
-        || request.prompt.len() + running.generated >= text.context_length()
+    let generated = running.generated.len();
+    if generated >= request.max_tokens || request.prompt.len() + generated >= text.context_length()
     {
         return Next::Finish(FinishReason::Length);
     }
@@ -614,24 +654,21 @@ fn advance(running: &mut Running, token: u32, text: &dyn TextModel) -> Next {
 }
 
 /// The final event, with any text still held back.
-fn finish_event(
-    running: &mut Running,
-    reason: FinishReason,
-    text: &dyn TextModel,
-) -> GenerationEvent {
+fn finish_event(running: &mut Running<'_>, reason: FinishReason) -> GenerationEvent {
     let mut reason = reason;
     let mut trailing = String::new();
     if !matches!(reason, FinishReason::StopSequence(_)) {
-        let rest = running.decoder.flush(text).unwrap_or_default();
-        match running.stop.push(&rest) {
-            StopOutcome::Continue { released } => {
-                trailing = released;
-                trailing.push_str(&running.stop.flush());
-            }
-            StopOutcome::Stopped { released, stop } => {
-                trailing = released;
-                reason = FinishReason::StopSequence(stop);
-            }
+        // An incomplete character at the very end, then the held-back text.
+        let rest = running
+            .decoder
+            .take()
+            .map(|decoder| decoder.finish())
+            .unwrap_or_default();
+        let (released, stopped) = running.release(&rest);
+        trailing = released;
+        match stopped {
+            Some(stop) => reason = FinishReason::StopSequence(stop),
+            None => trailing.push_str(&running.stop.finish()),
         }
     }
     GenerationEvent::Finished {

@@ -144,6 +144,12 @@ pub fn unix_time() -> u64 {
 
 /// A short random hex id for responses (`chatcmpl-…`, `msg_…`).
 pub fn random_id() -> String {
-    let mut rng = crate::sampler::SplitMix64::from_entropy();
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    let count = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut rng = flatrun_model::sampling::Xoshiro256::seed_from_u64(nanos ^ count.rotate_left(40));
     format!("{:016x}{:08x}", rng.next_u64(), rng.next_u64() as u32)
 }

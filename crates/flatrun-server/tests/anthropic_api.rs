@@ -306,3 +306,36 @@ async fn errors_have_the_anthropic_shape_and_status() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_final_assistant_message_is_continued() {
+    let server = TestServer::default().await;
+    let messages = json!([{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Sure:"}]);
+    // The prompt is the template up to the assistant prompt, then the prefill
+    // (no end of turn, no second assistant prompt).
+    let prompt = "<|user|>\nHi\n<|assistant|>\nSure:";
+    let counted = server
+        .post_json("/v1/messages/count_tokens", &json!({"messages": messages}))
+        .await;
+    assert_eq!(counted.json()["input_tokens"], prompt.len() + 1);
+    let response = server
+        .post_json(
+            "/v1/messages",
+            &json!({"max_tokens": 100, "temperature": 0, "messages": messages}),
+        )
+        .await;
+    let body = response.json();
+    assert_eq!(body["usage"]["input_tokens"], prompt.len() + 1);
+    // Only the continuation comes back.
+    assert_eq!(body["content"][0]["text"], REPLY);
+    // As Anthropic's API: a prefill may not end in whitespace.
+    let trailing = server
+        .post_json(
+            "/v1/messages",
+            &json!({"max_tokens": 10, "messages": [{"role": "user", "content": "Hi"},
+                                                    {"role": "assistant", "content": "Sure: "}]}),
+        )
+        .await;
+    assert_anthropic_error(&trailing, 400, "invalid_request_error");
+}

@@ -396,3 +396,31 @@ async fn without_max_tokens_generation_may_use_the_rest_of_the_context() {
     assert_eq!(body["usage"]["completion_tokens"], 40 - prompt);
     assert_eq!(body["choices"][0]["finish_reason"], "length");
 }
+
+#[tokio::test]
+async fn a_final_assistant_message_is_a_past_turn_unless_continued() {
+    let server = TestServer::default().await;
+    let messages = json!([{"role": "user", "content": "Hi"},
+                          {"role": "assistant", "content": "Sure:"}]);
+    // OpenAI's behaviour: the assistant message is history, a new turn follows.
+    let new_turn = server
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "temperature": 0}),
+        )
+        .await;
+    let prompt = "<|user|>\nHi\n<|assistant|>\nSure:\n<|assistant|>\n";
+    assert_eq!(new_turn.json()["usage"]["prompt_tokens"], prompt.len() + 1);
+    // vLLM's `continue_final_message`: the answer continues that message.
+    let continued = server
+        .post_json(
+            "/v1/chat/completions",
+            &json!({"messages": messages, "temperature": 0, "continue_final_message": true}),
+        )
+        .await;
+    let body = continued.json();
+    let prompt = "<|user|>\nHi\n<|assistant|>\nSure:";
+    assert_eq!(body["usage"]["prompt_tokens"], prompt.len() + 1);
+    assert_eq!(body["choices"][0]["message"]["content"], REPLY);
+    server.wait_all_freed().await;
+}

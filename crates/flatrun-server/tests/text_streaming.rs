@@ -1,90 +1,104 @@
-//! Streaming text pieces: stop strings over arbitrary splits of the text
-//! (property test against a plain reference), and the incremental
-//! detokenizer over multi-byte characters.
+//! Streaming text through the scheduler: stop strings over any reply (a
+//! property test of the whole path — sampling, the streaming decoder,
+//! `flatrun_model`'s stop matcher, the reported `stop_sequence` — against
+//! cutting the text at the first stop string), and the mock's streaming
+//! decoder over multi-byte characters.
 
-use flatrun_server::detokenize::IncrementalDecoder;
-use flatrun_server::mock::{MockConfig, MockText};
-use flatrun_server::stop::{StopMatcher, StopOutcome};
-use flatrun_server::TextModel;
+use flatrun_server::mock::{mock_engine, MockConfig, MockText};
+use flatrun_server::{
+    Engine, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
+    TextModel,
+};
 use proptest::prelude::*;
 
-/// Feeds `pieces` through a matcher; returns the released text and the stop hit.
-fn run_matcher(stops: &[String], pieces: &[&str]) -> (String, Option<String>) {
-    let mut matcher = StopMatcher::new(stops);
-    let mut out = String::new();
-    for piece in pieces {
-        match matcher.push(piece) {
-            StopOutcome::Continue { released } => out.push_str(&released),
-            StopOutcome::Stopped { released, stop } => {
-                out.push_str(&released);
-                return (out, Some(stop));
+/// Greedy generation of the mock's `reply` with `stops`: the streamed text,
+/// the text of the final event, and the finish reason.
+fn generate(reply: &str, stops: &[String]) -> (String, FinishReason) {
+    let mock = MockConfig {
+        reply: reply.to_string(),
+        ..MockConfig::default()
+    };
+    let (engine, _stats) = mock_engine(mock, SchedulerConfig::default()).expect("engine");
+    let request = GenerationRequest {
+        prompt: engine.tokenize("Hi", true).expect("tokenize"),
+        sampling: SamplingParams {
+            temperature: 0.0,
+            ..SamplingParams::default()
+        },
+        max_tokens: 200,
+        stop: stops.to_vec(),
+    };
+    let mut stream = engine.submit(request).expect("submit");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let mut text = String::new();
+        loop {
+            match stream.next_event().await {
+                Some(GenerationEvent::Token { text: piece, .. }) => text.push_str(&piece),
+                Some(GenerationEvent::Finished {
+                    reason, text: rest, ..
+                }) => {
+                    text.push_str(&rest);
+                    return (text, reason);
+                }
+                other => panic!("unexpected event {other:?}"),
             }
         }
-    }
-    out.push_str(&matcher.flush());
-    (out, None)
-}
-
-/// Splits `text` at the given byte positions (clamped to char boundaries).
-fn split_at<'a>(text: &'a str, cuts: &[usize]) -> Vec<&'a str> {
-    let mut cuts: Vec<usize> = cuts
-        .iter()
-        .map(|&c| c.min(text.len()))
-        .filter(|&c| text.is_char_boundary(c))
-        .collect();
-    cuts.sort_unstable();
-    cuts.dedup();
-    let mut pieces = Vec::new();
-    let mut start = 0;
-    for cut in cuts {
-        pieces.push(&text[start..cut]);
-        start = cut;
-    }
-    pieces.push(&text[start..]);
-    pieces
+    })
 }
 
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
     #[test]
-    fn stop_matcher_equals_cutting_at_the_first_stop(
-        text in "[abé ]{0,40}",
-        cuts in proptest::collection::vec(0usize..60, 0..8),
+    fn the_answer_is_cut_at_the_first_stop_string_which_is_reported(
+        reply in "[abé ]{0,30}",
         stops in proptest::collection::vec("[abé]{1,3}", 0..3),
     ) {
-        // Reference: the earliest occurrence of any stop string.
-        let first = stops
-            .iter()
-            .filter_map(|s| text.find(s.as_str()).map(|p| (p, s.clone())))
-            .min_by_key(|(p, _)| *p);
-        let expected = match &first {
-            Some((p, _)) => (text[..*p].to_string(), true),
-            None => (text.clone(), false),
-        };
-        let (out, stopped) = run_matcher(&stops, &split_at(&text, &cuts));
-        prop_assert_eq!(out, expected.0);
-        prop_assert_eq!(stopped.is_some(), expected.1);
+        // Reference: the reply grows a character at a time; generation stops
+        // as soon as a stop string appears (the longest of those ending
+        // there), and the text is cut where it starts.
+        let first = reply
+            .char_indices()
+            .map(|(i, c)| i + c.len_utf8())
+            .find_map(|end| {
+                stops
+                    .iter()
+                    .filter(|s| reply[..end].ends_with(s.as_str()))
+                    .max_by_key(|s| s.len())
+                    .map(|s| (end - s.len(), s.clone()))
+            });
+        let (text, reason) = generate(&reply, &stops);
+        match first {
+            Some((at, stop)) => {
+                prop_assert_eq!(text, reply[..at].to_string());
+                prop_assert_eq!(reason, FinishReason::StopSequence(stop));
+            }
+            None => {
+                prop_assert_eq!(text, reply);
+                prop_assert_eq!(reason, FinishReason::EndOfText);
+            }
+        }
     }
 }
 
 #[test]
-fn decoder_waits_for_a_whole_character() {
+fn mock_decoder_waits_for_a_whole_character() {
     let text = MockText::new(MockConfig::default());
     let tokens = text.tokenize("aé€!", false).unwrap();
-    let mut decoder = IncrementalDecoder::new();
-    let pieces: Vec<String> = tokens
-        .iter()
-        .map(|&t| decoder.push(&text, t).unwrap())
-        .collect();
+    let mut decoder = text.stream_decoder();
+    let pieces: Vec<String> = tokens.iter().map(|&t| decoder.push(t)).collect();
     // 'a', then é split over 2 tokens, € over 3, then '!'.
     assert_eq!(pieces, ["a", "", "é", "", "", "€", "!"]);
-    assert_eq!(decoder.flush(&text).unwrap(), "");
+    assert_eq!(decoder.finish(), "");
 }
 
 #[test]
-fn decoder_flushes_an_incomplete_character_at_the_end() {
+fn mock_decoder_flushes_an_incomplete_character_at_the_end() {
     let text = MockText::new(MockConfig::default());
-    let mut decoder = IncrementalDecoder::new();
-    assert_eq!(decoder.push(&text, u32::from(b'x')).unwrap(), "x");
-    assert_eq!(decoder.push(&text, 0xE2).unwrap(), "");
-    assert_eq!(decoder.flush(&text).unwrap(), "\u{FFFD}");
+    let mut decoder = text.stream_decoder();
+    assert_eq!(decoder.push(u32::from(b'x')), "x");
+    assert_eq!(decoder.push(0xE2), "");
+    assert_eq!(decoder.finish(), "\u{FFFD}");
 }

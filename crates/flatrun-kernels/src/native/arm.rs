@@ -3,15 +3,21 @@
 
 use flatrun_format::GgmlType;
 
-use super::quantize::BlockQ8;
+use super::dispatch::each_row;
+use super::quantize::{BlockQ8, BlockQ8K};
 use super::scalar;
 
-/// Row × Q8 tile.
-pub(crate) fn dot_q8(t: GgmlType, row: &[u8], acts: &[&[BlockQ8]], out: &mut [f32]) {
-    scalar::dot_q8(t, row, acts, out)
+/// Rows × Q8 tile.
+pub(crate) fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) {
+    each_row(scalar::dot_q8, t, rows, rb, acts, out)
 }
 
-/// Row × f32 tile.
-pub(crate) fn dot_f32(t: GgmlType, row: &[u8], acts: &[&[f32]], out: &mut [f32]) {
-    scalar::dot_f32(t, row, acts, out)
+/// Rows × Q8_K tile.
+pub(crate) fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+    each_row(scalar::dot_q8k, t, rows, rb, acts, out)
+}
+
+/// Rows × f32 tile.
+pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
+    each_row(scalar::dot_f32, t, rows, rb, acts, out)
 }

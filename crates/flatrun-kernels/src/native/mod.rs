@@ -19,7 +19,6 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use flatrun_format::GgmlType;
-use rayon::prelude::*;
 
 use crate::check::{check_dequantize, check_matmul};
 use crate::decode::decode_row;
@@ -32,6 +31,8 @@ use quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K, QK8, QK_K};
 const TOKEN_TILE: usize = 4;
 /// Bytes of weight rows walked by all token tiles before moving on (fits L2).
 const ROW_GROUP_BYTES: usize = 192 * 1024;
+/// Rows per kernel call in the GEMM path (their tile outputs go through a stack buffer).
+const TILE_ROWS: usize = 64;
 
 /// Fused kernels at one SIMD level.
 #[derive(Debug)]
@@ -67,6 +68,8 @@ thread_local! {
     /// Caller-side quantized activations, reused across calls.
     static ACTS_Q8: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
     static ACTS_Q8K: RefCell<Vec<BlockQ8K>> = const { RefCell::new(Vec::new()) };
+    /// Caller-side activations rounded to f16/bf16 for f16/bf16 weights.
+    static ACTS_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Worker-side decoded row for formats without a fused kernel.
     static DECODED_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -79,6 +82,13 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 // SAFETY: as above.
 unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The element at `i` (a method, so closures capture the whole `Send + Sync` wrapper).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 
 impl NativeKernels {
     /// Kernels at `level`, clamped to what the host supports.
@@ -95,7 +105,8 @@ impl NativeKernels {
         self.level
     }
 
-    /// Run `kernel(row_bytes, token_tile, tile_out)` over every row × token tile, rows split over the pool.
+    /// Run `kernel(rows, token_tile, tile_out)` over every row group × token tile, rows split
+    /// over the pool. `kernel` gets whole rows and writes `tile_out[r * tile.len() + t]`.
     fn for_rows<A: Sync>(
         &self,
         w: &Weight,
@@ -109,13 +120,23 @@ impl NativeKernels {
         let rb = w.row_bytes().max(1);
         let out_ptr = OutPtr(out.as_mut_ptr());
         let n_threads = crate::threads::threads();
-        // Enough chunks to balance the pool, few enough to keep scheduling cheap.
-        let chunk = rows.div_ceil(n_threads * 4).max(16);
+        // Enough chunks for the atomic hand-out to balance the threads, each big enough
+        // (≥ 16 rows and ≥ 16 KiB of weights) that handing it out is cheap.
+        let min_rows = (16 * 1024 / rb).max(16);
+        let chunk = rows.div_ceil(n_threads * 4).max(min_rows).min(rows);
         let n_chunks = rows.div_ceil(chunk);
         let group = (ROW_GROUP_BYTES / rb).clamp(1, chunk);
         let work = |c: usize| {
             let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
-            let mut tile_out = [0f32; TOKEN_TILE];
+            if n_tokens == 1 {
+                // GEMV: the kernel writes straight into this chunk's outputs.
+                // SAFETY: rows r0..r1 are inside the `rows`-long output checked by
+                // `check_matmul`, and only this chunk writes them.
+                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(r0), r1 - r0) };
+                kernel(&w.data[r0 * rb..r1 * rb], &[&acts[..acts_per_token]], o);
+                return;
+            }
+            let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
             for g0 in (r0..r1).step_by(group) {
                 let g1 = (g0 + group).min(r1);
                 for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
@@ -124,17 +145,16 @@ impl NativeKernels {
                         let t = (t0 + k).min(n_tokens - 1);
                         &acts[t * acts_per_token..(t + 1) * acts_per_token]
                     });
-                    for r in g0..g1 {
-                        kernel(
-                            &w.data[r * rb..(r + 1) * rb],
-                            &tile[..nt],
-                            &mut tile_out[..nt],
-                        );
-                        for (k, &v) in tile_out[..nt].iter().enumerate() {
-                            let p = out_ptr;
-                            // SAFETY: (t0+k, r) is inside the n_tokens × rows output checked by
-                            // `check_matmul`, and only this chunk writes row r.
-                            unsafe { *p.0.add((t0 + k) * rows + r) = v };
+                    for s0 in (g0..g1).step_by(TILE_ROWS) {
+                        let s1 = (s0 + TILE_ROWS).min(g1);
+                        let o = &mut tile_out[..(s1 - s0) * nt];
+                        kernel(&w.data[s0 * rb..s1 * rb], &tile[..nt], o);
+                        for (r, vals) in (s0..s1).zip(o.chunks_exact(nt)) {
+                            for (k, &v) in vals.iter().enumerate() {
+                                // SAFETY: (t0+k, r) is inside the n_tokens × rows output
+                                // checked by `check_matmul`, and only this chunk writes row r.
+                                unsafe { *out_ptr.at((t0 + k) * rows + r) = v };
+                            }
                         }
                     }
                 }
@@ -143,7 +163,7 @@ impl NativeKernels {
         if n_chunks <= 1 || n_threads <= 1 {
             (0..n_chunks).for_each(work);
         } else {
-            crate::threads::pool().install(|| (0..n_chunks).into_par_iter().for_each(work));
+            crate::threads::parallel_for(n_chunks, &work);
         }
     }
 }
@@ -173,8 +193,9 @@ impl Kernels for NativeKernels {
                 acts.clear();
                 acts.resize(n_tokens * cols / QK8, BlockQ8::default());
                 quantize_q8(x, &mut acts);
-                self.for_rows(w, &acts, cols / QK8, n_tokens, out, |row, tile, o| {
-                    (d.q8)(t, row, tile, o)
+                let rb = w.row_bytes();
+                self.for_rows(w, &acts, cols / QK8, n_tokens, out, |rows, tile, o| {
+                    (d.q8)(t, rows, rb, tile, o)
                 });
                 ACTS_Q8.with(|c| c.replace(acts));
             }
@@ -183,31 +204,54 @@ impl Kernels for NativeKernels {
                 acts.clear();
                 acts.resize(n_tokens * cols / QK_K, BlockQ8K::default());
                 quantize_q8k(x, &mut acts);
-                self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |row, tile, o| {
-                    (d.q8k)(t, row, tile, o)
+                let rb = w.row_bytes();
+                self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |rows, tile, o| {
+                    (d.q8k)(t, rows, rb, tile, o)
                 });
                 ACTS_Q8K.with(|c| c.replace(acts));
             }
             (Partner::F32, WeightFormat::Ggml(t)) => {
-                self.for_rows(w, x, cols, n_tokens, out, |row, tile, o| {
-                    (d.f32)(t, row, tile, o)
+                let rb = w.row_bytes();
+                // ggml multiplies f16 (bf16) weights by f16 (bf16) activations.
+                let mut rounded = ACTS_F32.with(|c| c.take());
+                rounded.clear();
+                let x = match t {
+                    GgmlType::F16 => {
+                        rounded.extend(x.iter().map(|&v| half::f16::from_f32(v).to_f32()));
+                        &rounded[..]
+                    }
+                    GgmlType::BF16 => {
+                        rounded.extend(x.iter().map(|&v| half::bf16::from_f32(v).to_f32()));
+                        &rounded[..]
+                    }
+                    _ => x,
+                };
+                self.for_rows(w, x, cols, n_tokens, out, |rows, tile, o| {
+                    (d.f32)(t, rows, rb, tile, o)
                 });
+                ACTS_F32.with(|c| c.replace(rounded));
             }
             _ => {
                 // Decode each row into a per-worker buffer, then a float dot.
                 let rb = w.row_bytes().max(1);
                 let failure = std::sync::Mutex::new(None);
-                self.for_rows(w, x, cols, n_tokens, out, |row, tile, o| {
-                    let r = (row.as_ptr() as usize - w.data.as_ptr() as usize) / rb;
+                self.for_rows(w, x, cols, n_tokens, out, |rows, tile, o| {
+                    let r0 = (rows.as_ptr() as usize - w.data.as_ptr() as usize) / rb;
+                    let nt = tile.len();
                     DECODED_ROW.with(|c| {
                         let mut buf = c.take();
                         buf.resize(cols, 0.0);
-                        match decode_row(w, r, &mut buf) {
-                            Ok(()) => (d.f32)(GgmlType::F32, bytemuck::cast_slice(&buf), tile, o),
-                            Err(e) => {
-                                o.fill(0.0);
-                                if let Ok(mut f) = failure.lock() {
-                                    f.get_or_insert(e);
+                        for (i, o) in o.chunks_exact_mut(nt).take(rows.len() / rb).enumerate() {
+                            match decode_row(w, r0 + i, &mut buf) {
+                                Ok(()) => {
+                                    let row: &[u8] = bytemuck::cast_slice(&buf);
+                                    (d.f32)(GgmlType::F32, row, row.len(), tile, o)
+                                }
+                                Err(e) => {
+                                    o.fill(0.0);
+                                    if let Ok(mut f) = failure.lock() {
+                                        f.get_or_insert(e);
+                                    }
                                 }
                             }
                         }

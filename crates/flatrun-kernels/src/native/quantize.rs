@@ -1,6 +1,7 @@
 //! Activations quantized once per matmul call to the weights' dot partner, so
-//! the inner loops are integer dot products. Same arithmetic as ggml's
-//! reference quantizers (`quantize_row_q8_0_ref`, `_q8_1_ref`, `_q8_K_ref`),
+//! the inner loops are integer dot products. Same arithmetic as ggml's CPU
+//! quantizers (`quantize_row_q8_0`/`_q8_1` of its AVX2 and NEON builds, which
+//! round differently from the scalar `_ref` ones; `quantize_row_q8_K_ref`),
 //! stored unpacked (f32 scales) for the kernels.
 
 use half::f16;
@@ -42,15 +43,78 @@ impl Default for BlockQ8K {
 
 /// Quantize `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
 pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected on this CPU just above.
+        return unsafe { x86::quantize_q8(x, out) };
+    }
+    quantize_q8_body(x, out)
+}
+
+/// Quantize `x` (a multiple of 256 values) into `out` (`x.len() / 256` blocks).
+pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: AVX2/FMA/F16C were detected on this CPU just above.
+        return unsafe { x86::quantize_q8k(x, out) };
+    }
+    quantize_q8k_body(x, out)
+}
+
+/// Whether the host has AVX2+FMA+F16C (detected once).
+#[cfg(target_arch = "x86_64")]
+fn has_avx2() -> bool {
+    static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVX2.get_or_init(|| {
+        is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c")
+    })
+}
+
+/// The same quantizers compiled for AVX2, so LLVM vectorizes their loops (its
+/// rounding lowerings are exact: `round` stays half-away-from-zero and
+/// `round_ties_even` becomes `vroundps`, instead of a libm call per value).
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{quantize_q8_body, quantize_q8k_body, BlockQ8, BlockQ8K};
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
+        quantize_q8_body(x, out)
+    }
+
+    /// # Safety
+    /// The CPU must support AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+        quantize_q8k_body(x, out)
+    }
+}
+
+#[inline(always)]
+fn quantize_q8_body(x: &[f32], out: &mut [BlockQ8]) {
     for (xb, b) in x.chunks_exact(QK8).zip(out.iter_mut()) {
         // Scale so the largest magnitude maps to ±127.
         let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+        // As ggml's CPU quantizer (`quantize_row_q8_0`/`_q8_1`, not the
+        // scalar `_ref`): rounding is to nearest even (`vroundps`,
+        // `vcvtnq`), and on x86 the multiplier is 127/amax rather than 1/d.
+        // Either difference alone moves ~1e-3 of the quants by one step.
         let d = amax / 127.0;
-        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-        // Round half away from zero (C `roundf`), and sum the quants.
+        let id = if amax == 0.0 {
+            0.0
+        } else if cfg!(target_arch = "aarch64") {
+            1.0 / d
+        } else {
+            127.0 / amax
+        };
+        // Round half to even, and sum the quants.
         let mut sum = 0i32;
         for (q, &v) in b.qs.iter_mut().zip(xb) {
-            *q = (v * id).round() as i8;
+            *q = (v * id).round_ties_even() as i8;
             sum += *q as i32;
         }
         b.d = f16::from_f32(d).to_f32();
@@ -58,8 +122,8 @@ pub fn quantize_q8(x: &[f32], out: &mut [BlockQ8]) {
     }
 }
 
-/// Quantize `x` (a multiple of 256 values) into `out` (`x.len() / 256` blocks).
-pub fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
+#[inline(always)]
+fn quantize_q8k_body(x: &[f32], out: &mut [BlockQ8K]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
         // The value of largest magnitude (first one on ties) sets the scale.
         let mut amax = 0f32;

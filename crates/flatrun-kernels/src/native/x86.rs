@@ -29,17 +29,26 @@ unsafe fn mul_sum_vnni(ax: __m256i, sy: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
 }
 
-/// Call `$kernel::<.., N>` with N = the tile size (1..=4).
+/// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
-    ($kernel:ident $(, $c:expr)*; $row:expr, $acts:expr, $out:expr) => {{
+    ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
+        let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
         // SAFETY: the caller (dispatch) checked the host supports this module's
-        // features, and `checked` below verified every slice the kernel indexes.
+        // features, and `checked` verified every slice the kernel indexes.
         unsafe {
-            match $acts.len() {
-                1 => $kernel::<$($c,)* 1>($row, $acts, $out),
-                2 => $kernel::<$($c,)* 2>($row, $acts, $out),
-                3 => $kernel::<$($c,)* 3>($row, $acts, $out),
-                _ => $kernel::<$($c,)* 4>($row, $acts, $out),
+            match acts.len() {
+                1 => for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(1)) {
+                    $kernel::<$($c,)* 1>(row, acts, o)
+                },
+                2 => for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(2)) {
+                    $kernel::<$($c,)* 2>(row, acts, o)
+                },
+                3 => for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(3)) {
+                    $kernel::<$($c,)* 3>(row, acts, o)
+                },
+                _ => for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(4)) {
+                    $kernel::<$($c,)* 4>(row, acts, o)
+                },
             }
         }
     }};
@@ -53,7 +62,7 @@ macro_rules! x86_kernels {
 
             use flatrun_format::GgmlType;
 
-            use crate::decode::{k4_scale_min, q3k_scales, IQ4NL_LEVELS};
+            use crate::decode::IQ4NL_LEVELS;
             use crate::native::quantize::{BlockQ8, BlockQ8K};
 
             /// Horizontal sum of 8 floats.
@@ -282,32 +291,71 @@ macro_rules! x86_kernels {
                 _mm256_madd_epi16(_mm256_maddubs_epi16(q, a), sc)
             }
 
+            /// The eight 6-bit scales and mins of a Q4_K/Q5_K block (12 bytes at `p`), unpacked
+            /// with whole-word masks: the scales as i16 in both 128-bit lanes (for `vpshufb`
+            /// broadcasts), and the mins as eight i16.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn k4_scales_mins(p: *const u8) -> (__m256i, __m128i) {
+                const LOW6: u32 = 0x3f3f_3f3f;
+                const LOW4: u32 = 0x0f0f_0f0f;
+                const TOP2: u32 = 0x0303_0303;
+                let w = |k: usize| u32::from_le_bytes([*p.add(4 * k), *p.add(4 * k + 1), *p.add(4 * k + 2), *p.add(4 * k + 3)]);
+                let (w0, w1, w2) = (w(0), w(1), w(2));
+                // Scales/mins 0..4 are the low 6 bits of bytes 0..4 / 4..8; 4..8 take their low
+                // 4 bits from the nibbles of bytes 8..12 and their top 2 bits from bits 6..8 of bytes 0..8.
+                let sc_lo = w0 & LOW6;
+                let sc_hi = (w2 & LOW4) | (((w0 >> 6) & TOP2) << 4);
+                let mn_lo = w1 & LOW6;
+                let mn_hi = ((w2 >> 4) & LOW4) | (((w1 >> 6) & TOP2) << 4);
+                let both = _mm256_cvtepu8_epi16(_mm_set_epi32(mn_hi as i32, mn_lo as i32, sc_hi as i32, sc_lo as i32));
+                (_mm256_permute2x128_si256(both, both, 0x00), _mm256_extracti128_si256(both, 1))
+            }
+
+            /// i16 scale `j` (0..8) of `scales` (as from [`k4_scales_mins`]) in every lane.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn k4_scale(scales: __m256i, j: usize) -> __m256i {
+                _mm256_shuffle_epi8(scales, _mm256_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16))
+            }
+
+            /// `Σ_j mins[j] · (bsums[2j] + bsums[2j+1])` as four i32 lanes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn k4_min_products(mins: __m128i, a: &BlockQ8K) -> __m128i {
+                let bs = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+                let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                _mm_madd_epi16(mins, pairs)
+            }
+
+            /// Horizontal sum of 4 floats.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum128(v: __m128) -> f32 {
+                let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                _mm_cvtss_f32(s)
+            }
+
             /// Q4_K × a tile of `N` Q8_K token rows.
             #[target_feature(enable = $features)]
             unsafe fn q4_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 144;
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [_mm256_setzero_ps(); N];
-                let mut mins = [0f32; N];
+                let mut acc_m = [_mm_setzero_ps(); N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 144);
-                    let blk = std::slice::from_raw_parts(b, 144);
                     let (d, dmin) = f16_pair(b);
-                    let mut sc = [0i32; 8];
-                    let mut mn = [0i32; 8];
-                    for j in 0..8 {
-                        let (s, m) = k4_scale_min(j, &blk[4..16]);
-                        sc[j] = s as i32;
-                        mn[j] = m as i32;
-                    }
+                    let (scales, mins) = k4_scales_mins(b.add(4));
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for c in 0..4 {
                         // 64 values: low nibbles (scale 2c), then high nibbles (scale 2c+1).
                         let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
                         let lo = _mm256_and_si256(q, m4);
                         let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-                        let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
-                        let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                        let s_lo = k4_scale(scales, 2 * c);
+                        let s_hi = k4_scale(scales, 2 * c + 1);
                         for t in 0..N {
                             let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(64 * c);
                             let p = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
@@ -315,17 +363,15 @@ macro_rules! x86_kernels {
                         }
                     }
                     for t in 0..N {
+                        // The mins term through the activations' group sums, then the block's scale.
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let mut summ = 0i32;
-                        for j in 0..8 {
-                            summ += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
-                        }
-                        mins[t] += dmin * a.d * summ as f32;
+                        let m = _mm_cvtepi32_ps(k4_min_products(mins, a));
+                        acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin * a.d), m, acc_m[t]);
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - mins[t];
+                    out[t] = hsum(acc[t]) - hsum128(acc_m[t]);
                 }
             }
 
@@ -336,18 +382,11 @@ macro_rules! x86_kernels {
                 let m4 = _mm256_set1_epi8(0x0F);
                 let one = _mm256_set1_epi8(1);
                 let mut acc = [_mm256_setzero_ps(); N];
-                let mut mins = [0f32; N];
+                let mut acc_m = [_mm_setzero_ps(); N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 176);
-                    let blk = std::slice::from_raw_parts(b, 176);
                     let (d, dmin) = f16_pair(b);
-                    let mut sc = [0i32; 8];
-                    let mut mn = [0i32; 8];
-                    for j in 0..8 {
-                        let (s, m) = k4_scale_min(j, &blk[4..16]);
-                        sc[j] = s as i32;
-                        mn[j] = m as i32;
-                    }
+                    let (scales, mins) = k4_scales_mins(b.add(4));
                     let mut hb = _mm256_loadu_si256(b.add(16) as *const __m256i);
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for c in 0..4 {
@@ -358,8 +397,8 @@ macro_rules! x86_kernels {
                         hb = _mm256_srli_epi16(hb, 2);
                         let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
                         let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
-                        let s_lo = _mm256_set1_epi16(sc[2 * c] as i16);
-                        let s_hi = _mm256_set1_epi16(sc[2 * c + 1] as i16);
+                        let s_lo = k4_scale(scales, 2 * c);
+                        let s_hi = k4_scale(scales, 2 * c + 1);
                         for t in 0..N {
                             let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(64 * c);
                             let p = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
@@ -368,16 +407,13 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let mut summ = 0i32;
-                        for j in 0..8 {
-                            summ += mn[j] * (a.bsums[2 * j] as i32 + a.bsums[2 * j + 1] as i32);
-                        }
-                        mins[t] += dmin * a.d * summ as f32;
+                        let m = _mm_cvtepi32_ps(k4_min_products(mins, a));
+                        acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin * a.d), m, acc_m[t]);
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - mins[t];
+                    out[t] = hsum(acc[t]) - hsum128(acc_m[t]);
                 }
             }
 
@@ -388,12 +424,20 @@ macro_rules! x86_kernels {
                 let nb = row.len() / 210;
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [_mm256_setzero_ps(); N];
-                let mut offs = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 210);
                     let d = f16_after(b.add(208));
-                    let sc = std::slice::from_raw_parts(b.add(192) as *const i8, 16);
+                    // The 16 signed scales as bytes, and as i16 for the offset term.
+                    let sc8 = _mm_loadu_si128(b.add(192) as *const __m128i);
+                    let sc16 = _mm256_cvtepi8_epi16(sc8);
                     let mut sumi = [_mm256_setzero_si256(); N];
+                    for t in 0..N {
+                        // −32 · Σ_g scale[g] · bsums[g]: the offset of every value, taken off up front.
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let bs = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+                        sumi[t] = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5);
+                        sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), sumi[t]);
+                    }
                     for half in 0..2 {
                         let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
                         let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
@@ -418,8 +462,10 @@ macro_rules! x86_kernels {
                             ),
                         ];
                         for k in 0..4 {
-                            let g = 8 * half + 2 * k;
-                            let s = scales16(sc[g] as i32, sc[g + 1] as i32);
+                            // Scale g for the first 16 values, g + 1 for the next 16.
+                            let g = (8 * half + 2 * k) as i64;
+                            let pick = _mm_set_epi64x((g + 1) * 0x0101_0101_0101_0101, g * 0x0101_0101_0101_0101);
+                            let s = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
                             for t in 0..N {
                                 let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(128 * half + 32 * k);
                                 sumi[t] = _mm256_add_epi32(sumi[t], scaled_dot(q[k], a, s));
@@ -428,16 +474,11 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let mut off = 0i32;
-                        for g in 0..16 {
-                            off += sc[g] as i32 * a.bsums[g] as i32;
-                        }
-                        offs[t] += d * a.d * (32 * off) as f32;
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - offs[t];
+                    out[t] = hsum(acc[t]);
                 }
             }
 
@@ -489,13 +530,20 @@ macro_rules! x86_kernels {
                 let m3 = _mm256_set1_epi8(3);
                 let one = _mm256_set1_epi8(1);
                 let mut acc = [_mm256_setzero_ps(); N];
-                let mut offs = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 110);
                     let d = f16_after(b.add(108));
-                    let sc = q3k_scales(std::slice::from_raw_parts(b.add(96), 12));
-                    let mut hm = _mm256_loadu_si256(b as *const __m256i);
+                    let sc8 = q3k_scales_vec(b.add(96));
+                    let sc16 = _mm256_cvtepi8_epi16(sc8);
                     let mut sumi = [_mm256_setzero_si256(); N];
+                    for t in 0..N {
+                        // −4 · Σ_g scale[g] · bsums[g]: the offset of every value, taken off up front.
+                        let a = acts.get_unchecked(t).get_unchecked(i);
+                        let bs = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+                        let off = _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 2);
+                        sumi[t] = _mm256_sub_epi32(_mm256_setzero_si256(), off);
+                    }
+                    let mut hm = _mm256_loadu_si256(b as *const __m256i);
                     for half in 0..2 {
                         let mut q = _mm256_loadu_si256(b.add(32 + 32 * half) as *const __m256i);
                         for s in 0..4 {
@@ -504,8 +552,10 @@ macro_rules! x86_kernels {
                             q = _mm256_srli_epi16(q, 2);
                             hm = _mm256_srli_epi16(hm, 1);
                             let v = _mm256_or_si256(low, high);
-                            let g = 8 * half + 2 * s;
-                            let scv = scales16(sc[g] as i32, sc[g + 1] as i32);
+                            // Scale g for the first 16 values, g + 1 for the next 16.
+                            let g = (8 * half + 2 * s) as i64;
+                            let pick = _mm_set_epi64x((g + 1) * 0x0101_0101_0101_0101, g * 0x0101_0101_0101_0101);
+                            let scv = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pick));
                             for t in 0..N {
                                 let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(128 * half + 32 * s);
                                 sumi[t] = _mm256_add_epi32(sumi[t], scaled_dot(v, a, scv));
@@ -514,17 +564,30 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let mut off = 0i32;
-                        for g in 0..16 {
-                            off += sc[g] as i32 * a.bsums[g] as i32;
-                        }
-                        offs[t] += d * a.d * (4 * off) as f32;
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - offs[t];
+                    out[t] = hsum(acc[t]);
                 }
+            }
+
+            /// The 16 signed scales of a Q3_K block (12 bytes at `p`), −32 offset removed, as bytes.
+            /// Scale j has its low 4 bits in the nibble of byte j % 8 (low nibble for j < 8) and its
+            /// top 2 bits in bits 2·(j / 4) of byte 8 + j % 4: whole-word masks do four at a time.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_scales_vec(p: *const u8) -> __m128i {
+                const LOW4: u32 = 0x0f0f_0f0f;
+                const TOP2: u32 = 0x0303_0303;
+                let w = |k: usize| u32::from_le_bytes([*p.add(4 * k), *p.add(4 * k + 1), *p.add(4 * k + 2), *p.add(4 * k + 3)]);
+                let (a0, a1, hi) = (w(0), w(1), w(2));
+                let s0 = (a0 & LOW4) | ((hi & TOP2) << 4);
+                let s1 = (a1 & LOW4) | (((hi >> 2) & TOP2) << 4);
+                let s2 = ((a0 >> 4) & LOW4) | (((hi >> 4) & TOP2) << 4);
+                let s3 = ((a1 >> 4) & LOW4) | (((hi >> 6) & TOP2) << 4);
+                let v = _mm_set_epi32(s3 as i32, s2 as i32, s1 as i32, s0 as i32);
+                _mm_sub_epi8(v, _mm_set1_epi8(32))
             }
 
             /// IQ4_XS × a tile of `N` Q8_K token rows.
@@ -620,21 +683,31 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Whether a tile call is well formed: 1..=4 tokens, every activation row long enough.
+            /// Whether a call is well formed: whole rows of whole blocks, 1..=4 tokens, room
+            /// for every output, every activation row long enough.
             #[inline]
-            fn checked<A>(row: &[u8], ts: usize, acts_per_block: usize, acts: &[&[A]], out: &[f32]) -> bool {
-                let need = row.len() / ts * acts_per_block;
-                (1..=4).contains(&acts.len())
-                    && out.len() >= acts.len()
-                    && row.len() % ts == 0
+            fn checked<A>(
+                rows: &[u8],
+                rb: usize,
+                ts: usize,
+                acts_per_block: usize,
+                acts: &[&[A]],
+                out: &[f32],
+            ) -> bool {
+                let need = rb / ts.max(1) * acts_per_block;
+                rb > 0
+                    && rb % ts == 0
+                    && rows.len() % rb == 0
+                    && (1..=4).contains(&acts.len())
+                    && out.len() >= rows.len() / rb * acts.len()
                     && acts.iter().all(|a| a.len() >= need)
             }
 
-            /// Row × Q8 tile for a legacy format, Q1_0 or IQ4_NL.
-            pub(crate) fn dot_q8(t: GgmlType, row: &[u8], acts: &[&[BlockQ8]], out: &mut [f32]) {
+            /// Rows × Q8 tile for a legacy format, Q1_0 or IQ4_NL.
+            pub(crate) fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) {
                 let subs = t.block_size() / 32;
-                if !checked(row, t.type_size(), subs, acts, out) {
-                    return super::super::scalar::dot_q8(t, row, acts, out);
+                if !checked(rows, rb, t.type_size(), subs, acts, out) {
+                    return super::super::dispatch::each_row(super::super::scalar::dot_q8, t, rows, rb, acts, out);
                 }
                 const Q4_0: u32 = GgmlType::Q4_0 as u32;
                 const Q4_1: u32 = GgmlType::Q4_1 as u32;
@@ -643,46 +716,46 @@ macro_rules! x86_kernels {
                 const Q8_0: u32 = GgmlType::Q8_0 as u32;
                 const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
                 match t {
-                    GgmlType::Q4_0 => tile!(legacy_n, Q4_0, 18; row, acts, out),
-                    GgmlType::Q4_1 => tile!(legacy_n, Q4_1, 20; row, acts, out),
-                    GgmlType::Q5_0 => tile!(legacy_n, Q5_0, 22; row, acts, out),
-                    GgmlType::Q5_1 => tile!(legacy_n, Q5_1, 24; row, acts, out),
-                    GgmlType::Q8_0 => tile!(legacy_n, Q8_0, 34; row, acts, out),
-                    GgmlType::IQ4_NL => tile!(legacy_n, IQ4_NL, 18; row, acts, out),
-                    GgmlType::Q1_0 => tile!(q1_0_n; row, acts, out),
-                    _ => super::super::scalar::dot_q8(t, row, acts, out),
+                    GgmlType::Q4_0 => tile!(legacy_n, Q4_0, 18; rows, rb, acts, out),
+                    GgmlType::Q4_1 => tile!(legacy_n, Q4_1, 20; rows, rb, acts, out),
+                    GgmlType::Q5_0 => tile!(legacy_n, Q5_0, 22; rows, rb, acts, out),
+                    GgmlType::Q5_1 => tile!(legacy_n, Q5_1, 24; rows, rb, acts, out),
+                    GgmlType::Q8_0 => tile!(legacy_n, Q8_0, 34; rows, rb, acts, out),
+                    GgmlType::IQ4_NL => tile!(legacy_n, IQ4_NL, 18; rows, rb, acts, out),
+                    GgmlType::Q1_0 => tile!(q1_0_n; rows, rb, acts, out),
+                    _ => super::super::dispatch::each_row(super::super::scalar::dot_q8, t, rows, rb, acts, out),
                 }
             }
 
-            /// Row × Q8_K tile for a K-quant or IQ4_XS.
-            pub(crate) fn dot_q8k(t: GgmlType, row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
-                if !checked(row, t.type_size(), 1, acts, out) {
-                    return super::super::scalar::dot_q8k(t, row, acts, out);
+            /// Rows × Q8_K tile for a K-quant or IQ4_XS.
+            pub(crate) fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                if !checked(rows, rb, t.type_size(), 1, acts, out) {
+                    return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);
                 }
                 match t {
-                    GgmlType::Q2_K => tile!(q2_k_n; row, acts, out),
-                    GgmlType::Q3_K => tile!(q3_k_n; row, acts, out),
-                    GgmlType::Q4_K => tile!(q4_k_n; row, acts, out),
-                    GgmlType::Q5_K => tile!(q5_k_n; row, acts, out),
-                    GgmlType::Q6_K => tile!(q6_k_n; row, acts, out),
-                    GgmlType::IQ4_XS => tile!(iq4_xs_n; row, acts, out),
-                    _ => super::super::scalar::dot_q8k(t, row, acts, out),
+                    GgmlType::Q2_K => tile!(q2_k_n; rows, rb, acts, out),
+                    GgmlType::Q3_K => tile!(q3_k_n; rows, rb, acts, out),
+                    GgmlType::Q4_K => tile!(q4_k_n; rows, rb, acts, out),
+                    GgmlType::Q5_K => tile!(q5_k_n; rows, rb, acts, out),
+                    GgmlType::Q6_K => tile!(q6_k_n; rows, rb, acts, out),
+                    GgmlType::IQ4_XS => tile!(iq4_xs_n; rows, rb, acts, out),
+                    _ => super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out),
                 }
             }
 
-            /// Row × f32 tile for F32/F16/BF16.
-            pub(crate) fn dot_f32(t: GgmlType, row: &[u8], acts: &[&[f32]], out: &mut [f32]) {
-                if !checked(row, t.type_size(), 1, acts, out) {
-                    return super::super::scalar::dot_f32(t, row, acts, out);
+            /// Rows × f32 tile for F32/F16/BF16.
+            pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
+                if !checked(rows, rb, t.type_size(), 1, acts, out) {
+                    return super::super::dispatch::each_row(super::super::scalar::dot_f32, t, rows, rb, acts, out);
                 }
                 const F32: u32 = GgmlType::F32 as u32;
                 const F16: u32 = GgmlType::F16 as u32;
                 const BF16: u32 = GgmlType::BF16 as u32;
                 match t {
-                    GgmlType::F32 => tile!(float_n, F32, 4; row, acts, out),
-                    GgmlType::F16 => tile!(float_n, F16, 2; row, acts, out),
-                    GgmlType::BF16 => tile!(float_n, BF16, 2; row, acts, out),
-                    _ => super::super::scalar::dot_f32(t, row, acts, out),
+                    GgmlType::F32 => tile!(float_n, F32, 4; rows, rb, acts, out),
+                    GgmlType::F16 => tile!(float_n, F16, 2; rows, rb, acts, out),
+                    GgmlType::BF16 => tile!(float_n, BF16, 2; rows, rb, acts, out),
+                    _ => super::super::dispatch::each_row(super::super::scalar::dot_f32, t, rows, rb, acts, out),
                 }
             }
         }

@@ -1,9 +1,9 @@
 //! Activations and gated feed-forward combinations.
 
-/// SiLU: `x * sigmoid(x)`.
+/// SiLU: `x * sigmoid(x)`, with ggml's `expf` (as its `ggml_v_silu`).
 #[inline]
 fn silu1(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
+    x / (1.0 + super::softmax::ggml_expf(-x))
 }
 
 /// GELU, tanh approximation: `0.5 x (1 + tanh(sqrt(2/π) (x + 0.044715 x³)))`.

@@ -12,4 +12,4 @@ pub use attention::{attention, AttnConfig, KvSlice};
 pub use elementwise::{add, scale};
 pub use norm::{rms_norm, rms_norm_rows};
 pub use rope::{llama3_freq_factors, rope, RopeConfig, RopeLayout, RopeScaling};
-pub use softmax::softmax;
+pub use softmax::{ggml_expf, softmax};

@@ -4,8 +4,8 @@
 /// `weight_offset` is 1 for checkpoints that store Gemma's `weight - 1` (Hugging Face, MLX),
 /// 0 otherwise.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, weight_offset: f32, out: &mut [f32]) {
-    // Mean square, accumulated in f64 like ggml's ggml_float sum.
-    let sum_sq: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    // Mean square: f32 squares accumulated in f64, like ggml's ggml_float sum.
+    let sum_sq: f64 = x.iter().map(|&v| (v * v) as f64).sum();
     let mean_sq = (sum_sq / x.len().max(1) as f64) as f32;
     let inv_rms = 1.0 / (mean_sq + eps).sqrt();
     // Scale each value, then apply the (offset) weight.
@@ -20,7 +20,7 @@ pub fn rms_norm_rows(x: &mut [f32], dim: usize, weight: &[f32], eps: f32, weight
         return;
     }
     for row in x.chunks_exact_mut(dim) {
-        let sum_sq: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+        let sum_sq: f64 = row.iter().map(|&v| (v * v) as f64).sum();
         let inv_rms = 1.0 / ((sum_sq / dim as f64) as f32 + eps).sqrt();
         for (v, &g) in row.iter_mut().zip(weight) {
             *v = *v * inv_rms * (g + weight_offset);

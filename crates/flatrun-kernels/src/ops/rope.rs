@@ -198,8 +198,10 @@ pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, positions: &[usize],
                 let a = i * stride;
                 let b = a + pair_gap;
                 let (x0, x1) = (head[a], head[b]);
-                head[a] = x0 * cos - x1 * sin;
-                head[b] = x0 * sin + x1 * cos;
+                // As ggml's compiled rotation (GCC contracts it to fused multiply-adds):
+                // x0·cos − x1·sin and x0·sin + x1·cos, each with one product fused.
+                head[a] = x0.mul_add(cos, -(x1 * sin));
+                head[b] = x0.mul_add(sin, x1 * cos);
             }
         }
     }

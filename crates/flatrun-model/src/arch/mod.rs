@@ -8,12 +8,15 @@
 //! | Qwen2 / 2.5 | [`qwen2`] | Q/K/V biases, NeoX RoPE |
 //! | Qwen3 | [`qwen3`] | per-head q/k RMS norms |
 //! | Gemma 3 | [`gemma3`] | embedding scale, sandwich norms, GELU-tanh, sliding-window layers |
+//! | Qwen3.5 | [`qwen35`], [`delta_net`] | hybrid: gated delta-net layers + gated full attention every Nth layer |
 
 pub mod decoder;
+pub mod delta_net;
 pub mod gemma3;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen35;
 
 pub use decoder::{
     forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights, Op,
@@ -30,6 +33,7 @@ pub fn config_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
         Arch::Qwen2 => qwen2::config_from_gguf(keys),
         Arch::Qwen3 => qwen3::config_from_gguf(keys),
         Arch::Gemma3 => gemma3::config_from_gguf(keys),
+        Arch::Qwen35 => qwen35::config_from_gguf(keys),
     }
 }
 
@@ -40,6 +44,7 @@ pub fn config_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         Arch::Qwen2 => qwen2::config_from_hf(keys),
         Arch::Qwen3 => qwen3::config_from_hf(keys),
         Arch::Gemma3 => gemma3::config_from_hf(keys),
+        Arch::Qwen35 => qwen35::config_from_hf(keys),
     }
 }
 
@@ -77,6 +82,12 @@ pub fn layer_tensor_rules(arch: Arch) -> LayerTensorRules {
             qkv_bias: false,
             qk_norm: true,
             sandwich_norms: true,
+        },
+        // Per-layer tensors of the hybrid stack: see `qwen35::layer_roles`.
+        Arch::Qwen35 => LayerTensorRules {
+            qkv_bias: false,
+            qk_norm: true,
+            sandwich_norms: false,
         },
     }
 }
@@ -140,6 +151,7 @@ pub(crate) fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfi
         embed_scale: None,
         final_logit_softcap: None,
         activation: Activation::Silu,
+        delta_net: None,
     })
 }
 
@@ -191,6 +203,7 @@ pub(crate) fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         embed_scale: None,
         final_logit_softcap: None,
         activation: Activation::Silu,
+        delta_net: None,
     })
 }
 

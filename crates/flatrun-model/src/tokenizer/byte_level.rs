@@ -28,6 +28,11 @@ fn byte_to_char_table() -> &'static [char; 256] {
     })
 }
 
+/// The character that stands for byte `b` in byte-level token texts.
+pub(crate) fn byte_to_char(b: u8) -> char {
+    byte_to_char_table()[b as usize]
+}
+
 /// Byte that each character below U+0144 stands for (`None` when it stands for none).
 fn char_to_byte_table() -> &'static [Option<u8>; 0x144] {
     static TABLE: OnceLock<[Option<u8>; 0x144]> = OnceLock::new();

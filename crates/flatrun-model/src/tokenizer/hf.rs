@@ -96,7 +96,15 @@ pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     };
     extra_stops.retain(|&id| (id as usize) < size);
     let scores = vec![0.0; size];
-    let vocab = Vocab::new(texts, scores, kinds, bos, eos, unk, &extra_stops);
+    let vocab = Vocab::new(
+        texts.iter().map(String::as_str).collect(),
+        scores,
+        kinds,
+        bos,
+        eos,
+        unk,
+        &extra_stops,
+    );
 
     // How pieces render: byte-level if the decoder says so, SentencePiece otherwise.
     let decoder = json

@@ -20,11 +20,13 @@
 mod bpe;
 mod byte_level;
 mod error;
+mod hash;
 mod hf;
 mod pre_tokenizer;
 mod special;
 mod spm;
 mod stream;
+mod text_table;
 mod vocab;
 
 pub use error::TokenizerError;
@@ -36,6 +38,7 @@ use std::path::Path;
 use flatrun_format::Metadata;
 
 use bpe::ByteLevelBpe;
+use text_table::ByteTable;
 use special::{Fragment, SpecialTokens};
 use vocab::{MetaReader, Vocab};
 
@@ -73,7 +76,7 @@ pub struct Tokenizer {
     /// SentencePiece: prepend a space to text at the start and after a special token.
     add_space_prefix: bool,
     /// Bytes each token renders as (control tokens as their text).
-    pieces: Vec<Vec<u8>>,
+    pieces: ByteTable,
     kind: String,
     warnings: Vec<String>,
 }
@@ -258,7 +261,10 @@ impl Tokenizer {
         out: &mut Vec<u32>,
     ) -> Result<(), TokenizerError> {
         match &self.engine {
-            Engine::ByteLevelBpe(bpe) => bpe.encode(text, out),
+            Engine::ByteLevelBpe(bpe) => {
+                bpe.encode(&self.vocab, text, out);
+                Ok(())
+            }
             Engine::SentencePiece => {
                 let mut escaped = String::with_capacity(text.len() + 3);
                 if self.add_space_prefix && after_special {
@@ -294,7 +300,7 @@ impl Tokenizer {
             if skip_special && matches!(kind, TokenKind::Control | TokenKind::Unknown) {
                 continue;
             }
-            let piece = &self.pieces[id as usize];
+            let piece = self.pieces.get(id as usize).unwrap_or_default();
             if first
                 && self.add_space_prefix
                 && piece.first() == Some(&b' ')
@@ -312,12 +318,15 @@ impl Tokenizer {
     /// Raw bytes of one token as it is emitted (control tokens as their text;
     /// empty for an id outside the vocabulary).
     pub fn token_to_piece(&self, id: u32) -> Vec<u8> {
-        self.pieces.get(id as usize).cloned().unwrap_or_default()
+        self.pieces
+            .get(id as usize)
+            .map(<[u8]>::to_vec)
+            .unwrap_or_default()
     }
 
     /// The token's text as stored in the vocabulary (`Ġhello`, `▁the`, `<0x0A>`).
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.vocab.texts.get(id as usize).map(String::as_str)
+        self.vocab.text(id)
     }
 
     /// The id of a vocabulary entry by its stored text.
@@ -382,7 +391,7 @@ impl Tokenizer {
 
 /// The bytes one token renders as, following llama.cpp's `token_to_piece`.
 fn render_piece(vocab: &Vocab, style: PieceStyle, id: usize) -> Vec<u8> {
-    let text = &vocab.texts[id];
+    let text = vocab.text(id as u32).unwrap_or("");
     match vocab.kinds[id] {
         TokenKind::Control | TokenKind::Unknown | TokenKind::UserDefined => {
             text.as_bytes().to_vec()

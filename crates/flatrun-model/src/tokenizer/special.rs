@@ -4,8 +4,9 @@
 //! right. With `parse_special = false` control tokens are left as text, but
 //! user-defined tokens are still matched.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
+use super::hash::FastMap;
 use super::vocab::{TokenKind, Vocab};
 
 /// A stretch of the input: plain text to encode, or a special token.
@@ -32,10 +33,12 @@ struct Special {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct SpecialTokens {
     by_length: Vec<Special>,
-    /// For each first byte, the distinct lengths of special tokens starting with it.
-    lengths_by_first_byte: HashMap<u8, Vec<usize>>,
-    /// Text → position in `by_length`.
-    position: HashMap<String, usize>,
+    /// For each first byte (the index), the distinct lengths of special
+    /// tokens starting with it; empty until built.
+    lengths_by_first_byte: Vec<Vec<usize>>,
+    /// Text → position in `by_length` (keys are vocabulary texts, so the
+    /// fast unkeyed hash is safe here).
+    position: FastMap<String, usize>,
 }
 
 impl SpecialTokens {
@@ -51,10 +54,10 @@ impl SpecialTokens {
             ) {
                 continue;
             }
-            let rstrip = phi3_rules && !matches!(text.as_str(), "<unk>" | "<s>" | "<|endoftext|>");
+            let rstrip = phi3_rules && !matches!(text, "<unk>" | "<s>" | "<|endoftext|>");
             by_length.push(Special {
                 id: id as u32,
-                text: text.clone(),
+                text: text.to_string(),
                 needs_parse_special: kind != TokenKind::UserDefined,
                 lstrip: false,
                 rstrip,
@@ -66,12 +69,10 @@ impl SpecialTokens {
     fn from_list(mut by_length: Vec<Special>) -> SpecialTokens {
         by_length.retain(|s| !s.text.is_empty());
         by_length.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
-        let mut lengths_by_first_byte: HashMap<u8, Vec<usize>> = HashMap::new();
-        let mut position = HashMap::new();
+        let mut lengths_by_first_byte: Vec<Vec<usize>> = vec![Vec::new(); 256];
+        let mut position = FastMap::default();
         for (i, s) in by_length.iter().enumerate() {
-            let lengths = lengths_by_first_byte
-                .entry(s.text.as_bytes()[0])
-                .or_default();
+            let lengths = &mut lengths_by_first_byte[s.text.as_bytes()[0] as usize];
             if !lengths.contains(&s.text.len()) {
                 lengths.push(s.text.len());
             }
@@ -88,8 +89,8 @@ impl SpecialTokens {
     fn occurring(&self, text: &str, parse_special: bool) -> Vec<usize> {
         let bytes = text.as_bytes();
         let mut found = HashSet::new();
-        for (at, b) in bytes.iter().enumerate() {
-            let Some(lengths) = self.lengths_by_first_byte.get(b) else {
+        for (at, &b) in bytes.iter().enumerate() {
+            let Some(lengths) = self.lengths_by_first_byte.get(b as usize) else {
                 continue;
             };
             for &len in lengths {

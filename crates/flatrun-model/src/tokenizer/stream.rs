@@ -30,8 +30,7 @@ impl<'t> StreamDecoder<'t> {
             None | Some(TokenKind::Control | TokenKind::Unknown) => return None,
             _ => {}
         }
-        let piece = self.tokenizer.pieces.get(id as usize)?;
-        let mut piece = piece.as_slice();
+        let mut piece = self.tokenizer.pieces.get(id as usize)?;
         // SentencePiece: the space added before the first word is not text.
         if self.at_start && self.tokenizer.strips_leading_space() && piece.first() == Some(&b' ') {
             piece = &piece[1..];

@@ -2,10 +2,11 @@
 //! special ids, with llama.cpp's rules for which tokens are control tokens and
 //! which ids end a generation.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 
 use flatrun_format::{MetaValue, Metadata};
 
+use super::text_table::{TextIndex, TextTable};
 use super::TokenizerError;
 
 /// GGUF `tokenizer.ggml.token_type` values.
@@ -112,10 +113,10 @@ const FIM_CONTROL_TEXTS: &[&str] = &[
 /// The token table of one model.
 #[derive(Clone, Debug)]
 pub(crate) struct Vocab {
-    pub texts: Vec<String>,
+    pub texts: TextTable,
     pub scores: Vec<f32>,
     pub kinds: Vec<TokenKind>,
-    pub ids: HashMap<String, u32>,
+    pub ids: TextIndex,
     pub bos: Option<u32>,
     pub eos: Option<u32>,
     pub unk: Option<u32>,
@@ -127,7 +128,7 @@ impl Vocab {
     /// name-based rules: end-of-turn and fill-in-the-middle markers become
     /// control tokens, and every end-of-generation id becomes a stop id.
     pub fn new(
-        texts: Vec<String>,
+        mut texts: TextTable,
         scores: Vec<f32>,
         mut kinds: Vec<TokenKind>,
         bos: Option<u32>,
@@ -135,14 +136,12 @@ impl Vocab {
         unk: Option<u32>,
         extra_stop_ids: &[u32],
     ) -> Vocab {
-        let mut ids = HashMap::with_capacity(texts.len());
-        for (i, t) in texts.iter().enumerate() {
-            ids.insert(t.clone(), i as u32);
-        }
+        texts.shrink_to_fit();
+        let ids = TextIndex::build(&texts);
         let mut stops: BTreeSet<u32> = extra_stop_ids.iter().copied().collect();
         stops.extend(eos);
         for text in END_OF_GENERATION_TEXTS.iter().chain(FIM_STOP_TEXTS) {
-            if let Some(&id) = ids.get(*text) {
+            if let Some(id) = ids.get(&texts, text) {
                 stops.insert(id);
             }
         }
@@ -151,7 +150,7 @@ impl Vocab {
             .chain(FIM_STOP_TEXTS)
             .chain(FIM_CONTROL_TEXTS)
         {
-            if let Some(&id) = ids.get(*text) {
+            if let Some(id) = ids.get(&texts, text) {
                 kinds[id as usize] = TokenKind::Control;
             }
         }
@@ -178,7 +177,12 @@ impl Vocab {
     }
 
     pub fn id(&self, text: &str) -> Option<u32> {
-        self.ids.get(text).copied()
+        self.ids.get(&self.texts, text)
+    }
+
+    /// The stored text of `id` (`None` outside the vocabulary).
+    pub fn text(&self, id: u32) -> Option<&str> {
+        self.texts.get(id as usize)
     }
 }
 
@@ -243,6 +247,28 @@ impl<'m> MetaReader<'m> {
                 format!("expected an array, found {}", value_kind(other)),
             )),
         }
+    }
+
+    /// The strings of an array, borrowed from the metadata.
+    pub fn str_refs(&self, key: &str) -> Result<Option<Vec<&'m str>>, TokenizerError> {
+        let Some(items) = self.array(key)? else {
+            return Ok(None);
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v {
+                MetaValue::String(s) => Ok(s.as_str()),
+                other => Err(bad(
+                    key,
+                    format!(
+                        "element {i}: expected a string, found {}",
+                        value_kind(other)
+                    ),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     pub fn str_array(&self, key: &str) -> Result<Option<Vec<String>>, TokenizerError> {
@@ -316,19 +342,24 @@ pub(crate) fn vocab_from_gguf(
     spm_defaults: bool,
 ) -> Result<Vocab, TokenizerError> {
     let key = "tokenizer.ggml.tokens";
-    let mut texts = r
-        .str_array(key)?
+    // Borrowed from the metadata and copied once into the compact table.
+    let strs = r
+        .str_refs(key)?
         .ok_or_else(|| TokenizerError::MissingKey { key: key.into() })?;
-    let n = texts.len();
+    let n = strs.len();
     if n == 0 {
         return Err(bad(key, "the token list is empty".into()));
     }
-    // llama.cpp renames empty tokens so that every text is a distinct key.
-    for (i, t) in texts.iter_mut().enumerate() {
+    let mut texts = TextTable::with_capacity(n, strs.iter().map(|s| s.len()).sum());
+    for (i, t) in strs.iter().enumerate() {
+        // llama.cpp renames empty tokens so that every text is a distinct key.
         if t.is_empty() {
-            *t = format!("[EMPTY_{i}]");
+            texts.push(&format!("[EMPTY_{i}]"));
+        } else {
+            texts.push(t);
         }
     }
+    drop(strs);
     let scores = match r.f32_array("tokenizer.ggml.scores")? {
         Some(s) if s.len() >= n => s[..n].to_vec(),
         Some(s) => {

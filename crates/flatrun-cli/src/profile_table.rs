@@ -1,0 +1,71 @@
+//! `--profile-detailed`: one row per decoder layer — I/O wait, the time of
+//! each op, the layer's total, and the megabytes of weights it acquired —
+//! then a row of column totals. Layers left out by `--layers` are listed
+//! as skipped. Times are milliseconds summed over every
+//! step of the run.
+
+use flatrun_runtime::{LayerSelection, Profiler};
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// The per-layer table of `profiler` for the layers of `selection`.
+pub fn layer_table(profiler: &Profiler, selection: &LayerSelection) -> String {
+    let ops: Vec<&'static str> = profiler
+        .layers
+        .iter()
+        .flat_map(|l| l.ops.keys().copied())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let width = |name: &str| name.len().max(9);
+    let mut s = String::new();
+    // Header: layer, io_wait, each op, total, MB read.
+    let _ = write!(s, "{:>5} {:>9}", "layer", "io_wait");
+    for op in &ops {
+        let _ = write!(s, " {:>w$}", op, w = width(op));
+    }
+    let _ = writeln!(s, " {:>9} {:>8}", "total", "MB read");
+
+    let mut column_totals = vec![Duration::ZERO; ops.len()];
+    let (mut io_total, mut all_total, mut bytes_total) = (Duration::ZERO, Duration::ZERO, 0u64);
+    for (il, layer) in profiler.layers.iter().enumerate() {
+        if !selection.runs(il) {
+            let _ = writeln!(s, "{il:>5} skipped (--layers)");
+            continue;
+        }
+        let mut total = layer.io_wait;
+        let _ = write!(s, "{il:>5} {:>9.2}", ms(layer.io_wait));
+        for (k, op) in ops.iter().enumerate() {
+            let d = layer.ops.get(op).copied().unwrap_or_default();
+            total += d;
+            column_totals[k] += d;
+            let _ = write!(s, " {:>w$.2}", ms(d), w = width(op));
+        }
+        let _ = writeln!(
+            s,
+            " {:>9.2} {:>8.1}",
+            ms(total),
+            layer.bytes_acquired as f64 / 1e6
+        );
+        io_total += layer.io_wait;
+        all_total += total;
+        bytes_total += layer.bytes_acquired;
+    }
+    // The column totals.
+    let _ = write!(s, "{:>5} {:>9.2}", "all", ms(io_total));
+    for (k, op) in ops.iter().enumerate() {
+        let _ = write!(s, " {:>w$.2}", ms(column_totals[k]), w = width(op));
+    }
+    let _ = writeln!(
+        s,
+        " {:>9.2} {:>8.1}",
+        ms(all_total),
+        bytes_total as f64 / 1e6
+    );
+    s
+}
