@@ -274,3 +274,73 @@ fn tokenize_needs_an_input() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr_of(&out).contains("--text"));
 }
+
+/// A minimal GGUF v3 file: `general.architecture = arch` and the given tensor
+/// infos (name, dims, GGML type id), each at offset 0, then 256 zero bytes.
+fn tiny_gguf(arch: &str, tensors: &[(&str, &[u64], u32)]) -> Vec<u8> {
+    fn string(out: &mut Vec<u8>, s: &str) {
+        out.extend_from_slice(&(s.len() as u64).to_le_bytes());
+        out.extend_from_slice(s.as_bytes());
+    }
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+    out.extend_from_slice(&1u64.to_le_bytes());
+    string(&mut out, "general.architecture");
+    out.extend_from_slice(&8u32.to_le_bytes()); // string value
+    string(&mut out, arch);
+    for (name, dims, ty) in tensors {
+        string(&mut out, name);
+        out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+        for d in *dims {
+            out.extend_from_slice(&d.to_le_bytes());
+        }
+        out.extend_from_slice(&ty.to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+    }
+    out.resize(out.len().next_multiple_of(32) + 256, 0);
+    out
+}
+
+#[test]
+fn unsupported_architecture_is_named_with_the_supported_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("mamba.gguf");
+    std::fs::write(&path, tiny_gguf("mamba", &[])).unwrap();
+    let out = flatrun()
+        .env_remove("RUST_BACKTRACE")
+        .args(["--model", path.to_str().unwrap(), "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(err.contains("unsupported architecture `mamba`"), "{err}");
+    assert!(
+        err.contains("llama") && err.contains("qwen2") && err.contains("gemma3"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 2, "no backtrace expected:\n{err}");
+}
+
+#[test]
+fn unknown_quant_type_is_named_with_its_tensor() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("quant99.gguf");
+    std::fs::write(
+        &path,
+        tiny_gguf("llama", &[("token_embd.weight", &[32, 4], 99)]),
+    )
+    .unwrap();
+    let out = flatrun()
+        .env_remove("RUST_BACKTRACE")
+        .args(["--model", path.to_str().unwrap(), "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("token_embd.weight") && err.contains("99"),
+        "{err}"
+    );
+    assert!(err.lines().count() <= 2, "no backtrace expected:\n{err}");
+}

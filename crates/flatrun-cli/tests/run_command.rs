@@ -144,7 +144,15 @@ fn residency_and_kv_flags_keep_greedy_text() {
         let out = flatrun()
             .arg("--model")
             .arg(&model)
-            .args(["--prompt", "The sky is", "--max-new", "6", "-q"])
+            // "The sky is" has a near-tie at its third token (0.002 apart)
+            // that f16/f32 KV rounding flips; this prompt has none.
+            .args([
+                "--prompt",
+                "The capital of France is",
+                "--max-new",
+                "6",
+                "-q",
+            ])
             .args(extra)
             .output()
             .unwrap();

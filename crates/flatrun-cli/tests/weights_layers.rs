@@ -3,13 +3,12 @@
 //! `--profile-detailed`'s per-layer table.
 //!
 //! Tolerances (measured on this prompt, SmolLM2-135M Q4_1, logits up to ~33):
-//! - reference backend: f32 weights equal the quantized ones exactly (the
-//!   reference kernels dequantize to f32 either way; measured 0.0); f16 weights
-//!   differ by at most 0.25 (measured 0.060 max, 0.006 mean).
+//! - reference backend: f32 vs quantized weights within 3.0 (the reference kernels now quantize activations to 8 bits for
+//!   quantized weights, like ggml; measured 1.53 max, 0.20 mean); f16 vs f32
+//!   weights within 0.4 with the same argmax (measured 0.19 max, 0.02 mean).
 //! - native backend: the fused kernels quantize activations to 8 bits, the
 //!   F32/F16 paths do not, so keep vs f32/f16 differ by at most 3.0 (measured
-//!   1.63 max, 0.23 mean; the dense paths are the closer ones to the
-//!   reference: 0.35 max) with the same argmax at every position.
+//!   1.68 max, 0.22 mean) with the same argmax at every position.
 
 mod common;
 
@@ -88,7 +87,7 @@ fn diff(a: &(usize, usize, Vec<f32>), b: &(usize, usize, Vec<f32>)) -> Diff {
 }
 
 #[test]
-fn dense_f32_weights_equal_quantized_ones_on_the_reference_backend() {
+fn dense_weights_match_quantized_ones_on_the_reference_backend() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();
     let reference = ["--backend", "reference"];
@@ -106,11 +105,18 @@ fn dense_f32_weights_equal_quantized_ones_on_the_reference_backend() {
         &[&reference[..], &["--weights", "f16"]].concat(),
     );
     let d32 = diff(&keep, &f32);
-    assert!(d32.max <= 1e-3, "reference f32 vs keep: max {}", d32.max);
-    let d16 = diff(&keep, &f16);
+    eprintln!("reference f32 vs keep: max {} mean {}", d32.max, d32.mean);
     assert!(
-        d16.max <= 0.25 && d16.same_argmax,
-        "reference f16 vs keep: max {} mean {}",
+        d32.max <= 3.0,
+        "reference f32 vs keep: max {} mean {}",
+        d32.max,
+        d32.mean
+    );
+    let d16 = diff(&f32, &f16);
+    eprintln!("reference f16 vs f32: max {} mean {}", d16.max, d16.mean);
+    assert!(
+        d16.max <= 0.4 && d16.same_argmax,
+        "reference f16 vs f32: max {} mean {}",
         d16.max,
         d16.mean
     );

@@ -229,7 +229,8 @@ fn norms_activations_softmax() {
     );
     let mut g = [1.0f32];
     ops::geglu(&mut g, &[2.0]);
-    close(&g, &[2.0 * 0.841_192], 1e-5);
+    // ggml's GELU goes through an f16 table: within f16 precision of the exact value.
+    close(&g, &[2.0 * 0.841_192], 1e-3);
 }
 
 /// Direct attention: for each query and head, softmax over visible keys.

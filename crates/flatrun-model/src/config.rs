@@ -25,8 +25,7 @@ pub enum Arch {
 
 impl Arch {
     /// Every supported architecture, by its GGUF name.
-    pub const SUPPORTED: &'static [&'static str] =
-        &["llama", "qwen2", "qwen3", "gemma3", "qwen35"];
+    pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen35"];
 
     /// Parse a GGUF `general.architecture` or a Hugging Face `model_type`.
     pub fn from_name(name: &str) -> Result<Arch> {

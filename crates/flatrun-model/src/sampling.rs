@@ -3,12 +3,13 @@
 //! reproducible RNG, and stop strings matched across token boundaries
 //! ([`StopMatcher`]).
 //!
-//! Cost per step is linear in the vocabulary and small (about 0.1 ms for
-//! 150k tokens, `benches/sampling.rs`): softmax weights come from a
-//! vectorized `exp` in one pass, a draw skips through block sums, top-p
-//! narrows the candidates with a logit window before sorting the few that
-//! remain, and top-k uses a bounded heap and partial selection; never a
-//! full sort of the vocabulary.
+//! Cost per step is linear in the vocabulary and small (0.05–0.4 ms for
+//! 150k tokens depending on the mode, `benches/sampling.rs`): softmax weights
+//! come from a vectorized `exp` in one pass, a draw skips through block sums,
+//! top-p narrows the candidates with a logit window (several window widths
+//! tested in one pass) before sorting the few that remain, and top-k counts
+//! tokens above a few thresholds in one pass and partially selects the few
+//! above the right one; never a full sort of the vocabulary.
 //!
 //! ```
 //! use flatrun_model::sampling::{Sampler, SamplingParams};
@@ -136,8 +137,12 @@ impl Sampler {
         }
         let k = self.params.top_k;
         let top_k_active = k > 0 && k < logits.len();
+        self.candidates.clear();
         if top_k_active {
-            floor = floor.max(kth_largest(logits, k));
+            // The tokens at or above the k-th best logit, in id order.
+            floor = floor.max(self.collect_top_k(logits, max_logit, k));
+            self.candidates.retain(|c| c.1 >= floor);
+            self.candidates.sort_unstable_by_key(|c| c.0);
         }
         let top_p = self.params.top_p;
         let top_p_active = top_p > 0.0 && top_p < 1.0;
@@ -164,8 +169,15 @@ impl Sampler {
         //    above the floor) the kept tokens must reach, and a floor that
         //    keeps at least that mass, found by widening a window below the
         //    best logit.
+        //    With top-k the candidates above the floor are already known and
+        //    few, so the mass comes from them alone.
         let mut top_p_need = None;
-        if top_p_active {
+        if top_p_active && top_k_active {
+            let total = weights::masked_total_of(&self.candidates, logits.len(), max_logit);
+            if total.is_finite() && total > 0.0 {
+                top_p_need = Some(top_p as f64 * total);
+            }
+        } else if top_p_active {
             let total = weights::masked_exp(
                 logits,
                 max_logit,
@@ -176,26 +188,14 @@ impl Sampler {
             );
             if total.is_finite() && total > 0.0 {
                 let need = top_p as f64 * total;
-                let mut width = 0.5f32;
-                while max_logit - width > floor {
-                    if weights::mass_at_or_above(logits, &self.weights, max_logit - width) >= need {
-                        floor = max_logit - width;
-                        break;
-                    }
-                    width *= 2.0;
-                }
+                floor = top_p_floor(logits, &self.weights, max_logit, floor, need);
                 top_p_need = Some(need);
             }
         }
         // 6. Candidates above the floor; then exactly the top-k of them.
-        self.candidates.clear();
-        self.candidates.extend(
-            logits
-                .iter()
-                .enumerate()
-                .filter(|(_, &l)| l >= floor)
-                .map(|(i, &l)| (i as u32, l)),
-        );
+        if !top_k_active {
+            weights::collect_at_or_above(logits, floor, &mut self.candidates);
+        }
         if top_k_active && k < self.candidates.len() {
             self.candidates
                 .select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
@@ -266,49 +266,86 @@ impl Sampler {
 /// Natural log of the relative probability (1e-12) below which a token is ignored.
 const NEGLIGIBLE_LOG_PROB: f32 = 27.6;
 
-/// The k-th largest logit (NaN ignored), by one pass with a small min-heap.
-fn kth_largest(logits: &[f32], k: usize) -> f32 {
-    use std::cmp::Reverse;
-    use std::collections::BinaryHeap;
-    struct Ordered(f32);
-    impl PartialEq for Ordered {
-        fn eq(&self, other: &Self) -> bool {
-            self.0.total_cmp(&other.0).is_eq()
+/// The first window width below the best logit that top-p tries; each next one is twice as wide.
+const TOP_P_FIRST_WIDTH: f32 = 0.5;
+
+/// The highest floor `max - 0.5·2^j` (above `floor`) whose tokens hold at
+/// least `need` of the weights, or `floor` when none does. The widths are
+/// tried four at a time in one pass over the vocabulary.
+fn top_p_floor(logits: &[f32], weights: &[f32], max: f32, floor: f32, need: f64) -> f32 {
+    let mut width = TOP_P_FIRST_WIDTH;
+    while max - width > floor {
+        let mut thresholds = [f32::INFINITY; weights::MASS_THRESHOLDS];
+        let mut w = width;
+        for t in thresholds.iter_mut() {
+            if max - w > floor {
+                *t = max - w;
+            }
+            w *= 2.0;
+        }
+        let masses = weights::mass_at_or_above_each(logits, weights, &thresholds);
+        for (&t, &mass) in thresholds.iter().zip(&masses) {
+            if t != f32::INFINITY && mass >= need {
+                return t;
+            }
+        }
+        width = w;
+    }
+    floor
+}
+
+impl Sampler {
+    /// Put every token whose logit could be among the best `k` into the
+    /// candidates (id order not kept) and return the k-th largest logit
+    /// (NaN ignored; the smallest one when fewer than `k` are not NaN).
+    /// One counting pass picks a threshold `max - 2^j` (j = 0..8) with at least `k`
+    /// tokens above it, so only those are collected and partially sorted.
+    fn collect_top_k(&mut self, logits: &[f32], max: f32, k: usize) -> f32 {
+        let mut thresholds = [f32::NEG_INFINITY; weights::THRESHOLDS];
+        let mut width = 1.0f32;
+        for t in thresholds.iter_mut() {
+            *t = max - width;
+            width *= 2.0;
+        }
+        let counts = weights::count_at_or_above_each(logits, &thresholds);
+        let threshold = thresholds
+            .iter()
+            .zip(&counts)
+            .find(|(_, &count)| count >= k)
+            .map(|(&t, _)| t)
+            .unwrap_or(f32::NEG_INFINITY);
+        weights::collect_at_or_above(logits, threshold, &mut self.candidates);
+        if self.candidates.len() >= k {
+            let (_, kth, _) = self
+                .candidates
+                .select_nth_unstable_by(k - 1, |a, b| b.1.total_cmp(&a.1));
+            kth.1
+        } else {
+            self.candidates
+                .iter()
+                .map(|c| c.1)
+                .min_by(|a, b| a.total_cmp(b))
+                .unwrap_or(f32::NEG_INFINITY)
         }
     }
-    impl Eq for Ordered {}
-    impl PartialOrd for Ordered {
-        fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
-            Some(self.cmp(other))
-        }
-    }
-    impl Ord for Ordered {
-        fn cmp(&self, other: &Self) -> std::cmp::Ordering {
-            self.0.total_cmp(&other.0)
-        }
-    }
-    let mut heap: BinaryHeap<Reverse<Ordered>> = BinaryHeap::with_capacity(k + 1);
-    for &l in logits {
-        if l.is_nan() {
-            continue;
-        }
-        if heap.len() < k {
-            heap.push(Reverse(Ordered(l)));
-        } else if heap.peek().is_some_and(|Reverse(min)| l > min.0) {
-            heap.pop();
-            heap.push(Reverse(Ordered(l)));
-        }
-    }
-    heap.peek()
-        .map(|Reverse(o)| o.0)
-        .unwrap_or(f32::NEG_INFINITY)
 }
 
 /// Index of the largest logit (the first one on ties; NaN never wins).
 pub fn argmax(logits: &[f32]) -> u32 {
     // Two simple passes vectorize better than one pass that tracks the index.
     let max = max_value(logits);
-    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+    // Find the first chunk of eight that holds it, then the lane.
+    let chunks = logits.chunks_exact(8);
+    let tail = logits.len() - chunks.remainder().len();
+    for (c, chunk) in chunks.enumerate() {
+        if chunk.iter().fold(false, |hit, &v| hit | (v == max)) {
+            return (c * 8 + chunk.iter().position(|&v| v == max).unwrap_or(0)) as u32;
+        }
+    }
+    logits[tail..]
+        .iter()
+        .position(|&v| v == max)
+        .map_or(0, |i| (tail + i) as u32)
 }
 
 /// The largest value, ignoring NaN (`-inf` when there is none). Eight

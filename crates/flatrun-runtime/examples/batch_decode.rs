@@ -50,7 +50,9 @@ fn decode(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let path = args.next().ok_or("usage: batch_decode MODEL [cap=SIZE] [BATCH] [STEPS]")?;
+    let path = args
+        .next()
+        .ok_or("usage: batch_decode MODEL [cap=SIZE] [BATCH] [STEPS]")?;
     let residency: Residency = args.next().as_deref().unwrap_or("cap=40M").parse()?;
     let batch: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(8);
     let steps: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(8);
@@ -60,6 +62,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             residency,
             ctx: Some(256),
             max_batch: 64,
+            profile: true,
             ..LoadOptions::default()
         },
     )?;
@@ -96,8 +99,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             next.push(argmax(&out.logits));
             seqs.push(seq);
         }
+        model.profiler_mut().reset();
         let tok_s = decode(&mut model, &mut seqs, &mut next, steps)?;
-        println!("batch {size}: {tok_s:.2} tokens/s ({steps} steps)");
+        println!(
+            "batch {size}: {tok_s:.2} tokens/s ({steps} steps), I/O wait {:.1}% of step time",
+            100.0 * model.profiler().io_wait_share()
+        );
         results.push(tok_s);
     }
     println!(

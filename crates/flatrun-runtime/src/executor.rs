@@ -27,10 +27,10 @@ use crate::stream_reader::StreamSchedule;
 use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{ops, Kernels, Weight};
+use flatrun_model::arch::qwen35::{HybridSegment, LayerMemory};
 use flatrun_model::arch::{
     forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights,
 };
-use flatrun_model::arch::qwen35::{HybridSegment, LayerMemory};
 use flatrun_model::manifest::layer_tensor;
 use flatrun_model::{Arch, Manifest, ModelConfig};
 use std::ops::Range;
@@ -605,26 +605,28 @@ impl StreamingExecutor {
             let dense = self.dense.layer(il);
             let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
             // A layer the cap streams arrives read into a buffer.
-            let streamed = match (&mut self.streamer, dense.is_none()) {
-                (Some(st), true) => match st.layer(il) {
-                    Some(item) => Some(st.reader.acquire(item).map_err(|what| {
-                        RuntimeError::StreamRead {
-                            tensor: layer_tensor(il, "*"),
-                            what,
-                        }
-                    })?),
-                    None => None,
-                },
-                _ => None,
-            };
+            let streamed =
+                match (&mut self.streamer, dense.is_none()) {
+                    (Some(st), true) => match st.layer(il) {
+                        Some(item) => Some(st.reader.acquire(item).map_err(|what| {
+                            RuntimeError::StreamRead {
+                                tensor: layer_tensor(il, "*"),
+                                what,
+                            }
+                        })?),
+                        None => None,
+                    },
+                    _ => None,
+                };
             if let Some(item) = &streamed {
                 for name in &self.matrix_names[il] {
-                    let info = backend
-                        .tensor_info(name)
-                        .ok_or_else(|| RuntimeError::StreamRead {
-                            tensor: name.clone(),
-                            what: "not in the checkpoint".into(),
-                        })?;
+                    let info =
+                        backend
+                            .tensor_info(name)
+                            .ok_or_else(|| RuntimeError::StreamRead {
+                                tensor: name.clone(),
+                                what: "not in the checkpoint".into(),
+                            })?;
                     let bytes = item
                         .bytes(info.file_index, info.offset, info.byte_size)
                         .ok_or_else(|| RuntimeError::StreamRead {
@@ -795,7 +797,12 @@ impl StreamingExecutor {
                 continue;
             }
             // Layers the stream reader reads are not mapped.
-            if next < n && self.streamer.as_ref().is_some_and(|st| st.layer(next).is_some()) {
+            if next < n
+                && self
+                    .streamer
+                    .as_ref()
+                    .is_some_and(|st| st.layer(next).is_some())
+            {
                 continue;
             }
             // A streamed head is read chunk by chunk by `output_head`;
@@ -867,18 +874,30 @@ impl StreamingExecutor {
                 .matmul(&w, x, m, logits)
                 .map_err(kernel_error)?;
             self.profiler.record_other("matmul_head", t_mm.elapsed());
-        } else if let Some(st) = self.streamer.as_mut().filter(|st| !st.head_chunks().is_empty()) {
+        } else if let Some(st) = self
+            .streamer
+            .as_mut()
+            .filter(|st| !st.head_chunks().is_empty())
+        {
             // A head the cap streams: row chunks read ahead into buffers.
-            let max_rows = st.head_chunks().iter().map(|(r, _)| r.len()).max().unwrap_or(0);
+            let max_rows = st
+                .head_chunks()
+                .iter()
+                .map(|(r, _)| r.len())
+                .max()
+                .unwrap_or(0);
             part.clear();
             part.resize(m * max_rows, 0.0);
             for k in 0..st.head_chunks().len() {
                 let (range, item) = st.head_chunks()[k].clone();
                 let t_io = Instant::now();
-                let read = st.reader.acquire(item).map_err(|what| RuntimeError::StreamRead {
-                    tensor: name.clone(),
-                    what,
-                })?;
+                let read = st
+                    .reader
+                    .acquire(item)
+                    .map_err(|what| RuntimeError::StreamRead {
+                        tensor: name.clone(),
+                        what,
+                    })?;
                 self.profiler.record_other("head_io_wait", t_io.elapsed());
                 let t_mm = Instant::now();
                 let mut chunk = w.row_range(range.clone()).map_err(kernel_error)?;

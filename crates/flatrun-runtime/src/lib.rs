@@ -41,13 +41,13 @@ pub mod weights_override;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
-pub use layer_range::LayerSelection;
-pub use weights_override::WeightsMode;
 pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
+pub use layer_range::LayerSelection;
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency};
 pub use profiler::Profiler;
 pub use residency::ResidencyPlan;
+pub use weights_override::WeightsMode;
 
 pub use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 pub use flatrun_model::sampling::SamplingParams;

@@ -24,8 +24,14 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// How often an idle reader thread checks whether it should stop.
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// Alignment of `O_DIRECT` offsets, lengths and buffer addresses.
 const DIRECT_ALIGN: u64 = 4096;
@@ -118,7 +124,7 @@ struct Source {
 }
 
 impl Source {
-    fn open(path: &PathBuf) -> std::io::Result<Source> {
+    fn open(path: &std::path::Path) -> std::io::Result<Source> {
         match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
@@ -174,9 +180,13 @@ fn reopen_buffered(file: &File) -> std::io::Result<File> {
 }
 
 /// A streamed item that has been read: its bytes, located by file span.
+/// Dropping it (or [`StreamReader::release`]) hands its buffer back to the
+/// reader, also when a step fails half-way.
 pub struct ReadItem {
     index: usize,
-    buffer: AlignedBuffer,
+    buffer: Option<AlignedBuffer>,
+    /// Where the buffer goes back to.
+    pool: Sender<AlignedBuffer>,
     /// Per span of the item: (span, byte offset of the span's first byte in `buffer`).
     placed: Vec<(Span, usize)>,
     /// The read failed: why.
@@ -190,14 +200,28 @@ impl ReadItem {
             s.file == file && s.offset <= offset && offset + len <= s.offset + s.len
         })?;
         let start = at + (offset - span.offset) as usize;
-        self.buffer.as_slice().get(start..start + len as usize)
+        self.buffer
+            .as_ref()?
+            .as_slice()
+            .get(start..start + len as usize)
+    }
+}
+
+impl Drop for ReadItem {
+    fn drop(&mut self) {
+        if let Some(buffer) = self.buffer.take() {
+            // The reader may be gone (shutting down): then the buffer is freed.
+            let _ = self.pool.send(buffer);
+        }
     }
 }
 
 /// Reads the streamed items of a capped model ahead of the executor.
 pub struct StreamReader {
     items: Vec<StreamItem>,
-    free: Option<Sender<AlignedBuffer>>,
+    /// Tells the reader thread to stop (buffers in flight hold senders of
+    /// the pool, so the pool channel alone never closes).
+    stop: Arc<AtomicBool>,
     ready: Receiver<ReadItem>,
     worker: Option<JoinHandle<()>>,
     buffer_bytes: u64,
@@ -223,13 +247,15 @@ impl StreamReader {
         }
         let (ready_tx, ready_rx) = channel::<ReadItem>();
         let schedule = items.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
         let worker = std::thread::Builder::new()
             .name("flatrun-stream-reader".into())
-            .spawn(move || read_loop(files, schedule, free_rx, ready_tx))
+            .spawn(move || read_loop(files, schedule, free_rx, free_tx, ready_tx, stopped))
             .ok()?;
         Some(StreamReader {
             items,
-            free: Some(free_tx),
+            stop,
             ready: ready_rx,
             worker: Some(worker),
             buffer_bytes: size as u64 * count as u64,
@@ -273,19 +299,16 @@ impl StreamReader {
         Err(format!("streamed item {index} never arrived"))
     }
 
-    /// Give an item's buffer back for the next read.
+    /// Give an item's buffer back for the next read (the same as dropping it).
     pub fn release(&self, item: ReadItem) {
-        if let Some(tx) = &self.free {
-            let _ = tx.send(item.buffer);
-        }
+        drop(item);
     }
 }
 
 impl Drop for StreamReader {
     fn drop(&mut self) {
-        // Closing the pool ends the thread's loop once it waits for a buffer;
-        // draining `ready` unblocks nothing (sends never block), so join.
-        self.free.take();
+        // The thread checks the flag at least every `STOP_POLL`.
+        self.stop.store(true, Ordering::Release);
         while self.ready.try_recv().is_ok() {}
         if let Some(w) = self.worker.take() {
             let _ = w.join();
@@ -298,11 +321,21 @@ fn read_loop(
     paths: Vec<PathBuf>,
     schedule: Vec<StreamItem>,
     free: Receiver<AlignedBuffer>,
+    pool: Sender<AlignedBuffer>,
     ready: Sender<ReadItem>,
+    stop: Arc<AtomicBool>,
 ) {
     let mut sources: Vec<Option<Source>> = paths.iter().map(|_| None).collect();
     let mut next = 0usize;
-    for mut buffer in free {
+    loop {
+        if stop.load(Ordering::Acquire) {
+            return;
+        }
+        let mut buffer = match free.recv_timeout(STOP_POLL) {
+            Ok(buffer) => buffer,
+            Err(RecvTimeoutError::Timeout) => continue,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
         let index = next;
         next = (next + 1) % schedule.len();
         let mut placed = Vec::with_capacity(schedule[index].spans.len());
@@ -336,7 +369,8 @@ fn read_loop(
         }
         let item = ReadItem {
             index,
-            buffer,
+            buffer: Some(buffer),
+            pool: pool.clone(),
             placed,
             error,
         };

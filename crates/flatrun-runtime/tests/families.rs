@@ -17,10 +17,12 @@
 //! Criteria (per file and backend):
 //! * arg-max agrees with the reference at ≥ 99% of the *decisive* positions
 //!   (reference top-2 gap ≥ `DECISIVE_GAP`), and at a per-type share of all
-//!   positions: 99% for f16 weights, 90% for quantized weights (random
+//!   positions: 99% for f16 weights, 96% for quantized weights (random
 //!   synthetic weights over a 128k/151k vocabulary give many near-ties — the
-//!   median top-2 gap is 0.6–0.9 — and quantized matmuls differ from
-//!   llama.cpp's by up to ~0.45 per logit; see docs/families.md);
+//!   median top-2 gap is 0.6–0.9 — and the reference backend's exact dot
+//!   products differ from llama.cpp's by up to ~0.27 per logit; the native
+//!   backend reproduces llama.cpp's f16 and Q8_0 logits exactly; see
+//!   docs/families.md);
 //! * each of the reference's top-10 logits is matched within
 //!   `TOP10_TOLERANCE` (absolute) at ≥ 99% of the positions, and the mean
 //!   absolute difference stays under `MEAN_TOLERANCE`.
@@ -34,16 +36,19 @@ use std::sync::Mutex;
 use flatrun_runtime::{argmax, BackendKind, LoadOptions, Model, Residency, StepOptions};
 use serde_json::Value;
 
-/// Largest tolerated |ours − reference| on a top-10 logit.
-const TOP10_TOLERANCE: f32 = 0.75;
-/// Largest tolerated mean |ours − reference| over all top-10 logits.
-const MEAN_TOLERANCE: f32 = 0.15;
+/// Largest tolerated |ours − reference| on a top-10 logit (measured: native
+/// 0.000 for f16/Q8_0 and 0.15 for Q1_0, reference backend up to 0.27).
+const TOP10_TOLERANCE: f32 = 0.4;
+/// Largest tolerated mean |ours − reference| over all top-10 logits
+/// (measured: native ≤ 0.010, reference backend ≤ 0.032).
+const MEAN_TOLERANCE: f32 = 0.05;
 /// A position is decisive when the reference's top-2 gap is at least this.
 const DECISIVE_GAP: f32 = 1.0;
 /// Share of all positions whose arg-max must agree, f16 weights.
 const ARGMAX_F16: f64 = 0.99;
-/// Share of all positions whose arg-max must agree, quantized weights.
-const ARGMAX_QUANTIZED: f64 = 0.90;
+/// Share of all positions whose arg-max must agree, quantized weights
+/// (measured: native ≥ 132/133, reference backend ≥ 129/133 = 97%).
+const ARGMAX_QUANTIZED: f64 = 0.96;
 /// Fewest teacher-forced positions a fixture must hold.
 const MIN_POSITIONS: usize = 100;
 

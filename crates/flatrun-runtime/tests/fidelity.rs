@@ -15,6 +15,14 @@
 //! * greedy continuations are identical, except that a divergence may start
 //!   where the reference's top-2 gap is below 0.1 (a near-tie; reported).
 //!
+//! Measured (native backend, after matching ggml's activation rounding,
+//! attention roundings, expf, GELU table and RoPE FMAs): arg-max SmolLM2
+//! 342/342 (top-10 max |diff| 0.32), Qwen2.5-Coder 312/315 (0.43), Gemma 3
+//! 313/329 (1.76). SmolLM2's and Qwen2.5's disagreements are all at reference
+//! top-2 gaps below 0.11; Gemma 3 still differs at 2 of 278 decisive positions.
+//! Reference backend (exact dot products of ggml-rounded activations):
+//! SmolLM2 328/342, Qwen2.5 312/315, Gemma 3 316/329.
+//!
 //! Run in release mode: `cargo test --release -p flatrun-runtime --test fidelity -- --nocapture`.
 
 mod common;
@@ -24,8 +32,10 @@ use serde_json::Value;
 
 /// Largest tolerated |ours − reference| on a top-10 logit.
 const TOP10_TOLERANCE: f32 = 2.0;
-/// Largest tolerated mean |ours − reference| over all top-10 logits.
-const MEAN_TOLERANCE: f32 = 0.5;
+/// Largest tolerated mean |ours − reference| over all top-10 logits
+/// (measured, native / reference: SmolLM2 0.0008 / 0.18, Qwen2.5 0.062 /
+/// 0.066, Gemma 3 0.23 / 0.23).
+const MEAN_TOLERANCE: f32 = 0.35;
 /// A teacher-forced position is decisive when the reference's top-2 gap is at least this.
 const DECISIVE_GAP: f32 = 0.25;
 /// A divergence starting where the reference's top-2 gap is below this is a near-tie.
@@ -261,12 +271,12 @@ fn qwen2_reference() {
 // (issue 6) are ignored with the measured divergence; run them with
 // `cargo test --release -p flatrun-runtime --test fidelity -- --ignored`.
 #[test]
-#[ignore = "issue 6: diverges at a reference top-2 gap of 0.143 (near-tie rule is < 0.1)"]
+#[ignore = "issue 6: \"Water boils at\" diverges at step 20, reference top-2 gap 0.143 (near-tie rule is < 0.1); single-token matmul/attention sum order not yet ggml's"]
 fn smollm2_native_greedy() {
     check(SMOLLM2, BackendKind::Native, Part::Greedy);
 }
 #[test]
-#[ignore = "issue 6: diverges at reference top-2 gaps of 0.143 and 0.166 (near-tie rule is < 0.1)"]
+#[ignore = "issue 6: \"Water boils at\" diverges at step 4, reference top-2 gap 0.231 (near-tie rule is < 0.1); the reference backend's exact dots are not ggml's sums"]
 fn smollm2_reference_greedy() {
     check(SMOLLM2, BackendKind::Reference, Part::Greedy);
 }
@@ -279,7 +289,7 @@ fn gemma3_reference_greedy() {
     check(GEMMA3, BackendKind::Reference, Part::Greedy);
 }
 #[test]
-#[ignore = "issue 6: diverges at a reference top-2 gap of 0.1058 (near-tie rule is < 0.1)"]
+#[ignore = "issue 6: \"Once upon a time…\" diverges at step 31, reference top-2 gap 0.227 (near-tie rule is < 0.1); Q4_K/Q5_0/Q6_K dot sum orders not yet ggml's"]
 fn qwen2_native_greedy() {
     check(QWEN2, BackendKind::Native, Part::Greedy);
 }

@@ -22,13 +22,13 @@
 //!   stays under a bound.
 //!   The `native` backend (both files) and the `reference` backend on f16
 //!   weights are held to ≥ 99% arg-max, top-10 within 0.5, mean ≤ 0.05
-//!   (measured: 133/133, mean 0.015 f16 / 0.002 Q8_0). The `reference`
-//!   backend on Q8_0 weights multiplies unquantized f32 activations, while
-//!   llama.cpp (and the native kernels) quantize activations to Q8_0 first;
-//!   this hybrid stack amplifies that difference more than the dense families
-//!   (per-head RMS norms of small delta-net outputs, l2-normalized q/k), so
-//!   it is held to ≥ 80% arg-max, top-10 within 2.0 at ≥ 95%, mean ≤ 0.6
-//!   (measured: 111/133, mean 0.46, max 2.8);
+//!   (measured: 133/133; mean 0.004 / 0.0065 f16, < 0.0001 native Q8_0).
+//!   The `reference` backend on Q8_0 weights multiplies unquantized f32
+//!   activations, while llama.cpp (and the native kernels) quantize
+//!   activations to Q8_0 first; it is held to the dense families' bounds for
+//!   quantized weights: ≥ 90% arg-max, top-10 within 0.75, mean ≤ 0.15
+//!   (measured: 125/133, every miss at a reference gap < 0.5; mean 0.078,
+//!   max 0.52);
 //! * the greedy continuation (prefill, then one token per step through the
 //!   recurrent state and the KV cache) equals the reference's token for
 //!   token, except that it may leave the reference's path at a near-tie
@@ -65,10 +65,10 @@ const STRICT: Bounds = Bounds {
 };
 /// The reference backend on quantized weights (unquantized activations).
 const REFERENCE_QUANTIZED: Bounds = Bounds {
-    argmax_share: 0.80,
-    top10_tolerance: 2.0,
-    top10_share: 0.95,
-    mean_tolerance: 0.6,
+    argmax_share: 0.90,
+    top10_tolerance: 0.75,
+    top10_share: 0.99,
+    mean_tolerance: 0.15,
 };
 /// A position is decisive when the reference's top-2 gap is at least this.
 const DECISIVE_GAP: f32 = 1.0;

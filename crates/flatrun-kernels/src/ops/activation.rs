@@ -34,9 +34,19 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
-/// GeGLU: `gate = gelu_tanh(gate) * up`.
+/// GeGLU: `gate = gelu_tanh(gate) * up`, with ggml's GELU: for |x| < 10 it
+/// looks `x` up in an f16 table (`GGML_GELU_FP16`), i.e. the GELU of `x`
+/// rounded to f16, itself rounded to f16; 0 below −10 and `x` above 10.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    use half::f16;
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = gelu_tanh1(*g) * u;
+        let x = *g;
+        *g = if x <= -10.0 {
+            0.0
+        } else if x >= 10.0 {
+            x * u
+        } else {
+            f16::from_f32(gelu_tanh1(f16::from_f32(x).to_f32())).to_f32() * u
+        };
     }
 }

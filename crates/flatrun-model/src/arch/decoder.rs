@@ -262,14 +262,12 @@ pub fn forward_layer(
         xb.copy_from_slice(hidden);
         ops::rms_norm_rows(xb, d, w.attn_norm, eps, offset);
     });
-    fid_dump(layer, "attn_norm", xb); // FIDDUMP
     // q = xb·Wqᵀ + bq ; k = xb·Wkᵀ + bk ; v = xb·Wvᵀ + bv
     clock.try_time(Op::QkvMatmul, || {
         matmul(kernels, &w.q, xb, n, q, w.q_bias, layer, "attn.q")?;
         matmul(kernels, &w.k, xb, n, k, w.k_bias, layer, "attn.k")?;
         matmul(kernels, &w.v, xb, n, v, w.v_bias, layer, "attn.v")
     })?;
-    fid_dump(layer, "Vcur", v); // FIDDUMP
     // q, k = rmsnorm per head (Qwen3, Gemma 3)
     if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
         clock.time(Op::Norm, || {
@@ -282,8 +280,6 @@ pub fn forward_layer(
         ops::rope(q, cfg.n_head, hd, positions, &plan.rope);
         ops::rope(k, cfg.n_kv_head, hd, positions, &plan.rope);
     });
-    fid_dump(layer, "Qcur", q); // FIDDUMP
-    fid_dump(layer, "Kcur", k); // FIDDUMP
     // cache[pos] = (k, v), per sequence
     clock.try_time(Op::KvWrite, || {
         for seg in segments.iter_mut() {
@@ -311,12 +307,10 @@ pub fn forward_layer(
             );
         }
     });
-    fid_dump(layer, "kqv_out", att); // FIDDUMP
     // proj = att·Woᵀ (+ bo)
     clock.try_time(Op::OutMatmul, || {
         matmul(kernels, &w.o, att, n, proj, w.o_bias, layer, "attn.o")
     })?;
-    fid_dump(layer, "attn_out", proj); // FIDDUMP
     // proj = rmsnorm(proj) · post_attn_norm (Gemma 3)
     if let Some(pn) = w.post_attn_norm {
         clock.time(Op::Norm, || ops::rms_norm_rows(proj, d, pn, eps, offset));
@@ -325,20 +319,16 @@ pub fn forward_layer(
     clock.time(Op::Residual, || ops::add(hidden, proj));
 
     // ---- feed-forward block ----
-    fid_dump(layer, "ffn_inp", hidden); // FIDDUMP
     // xb = rmsnorm(h) · ffn_norm
     clock.time(Op::Norm, || {
         xb.copy_from_slice(hidden);
         ops::rms_norm_rows(xb, d, w.ffn_norm, eps, offset);
     });
-    fid_dump(layer, "ffn_norm", xb); // FIDDUMP
     // gate = xb·Wgateᵀ ; up = xb·Wupᵀ
     clock.try_time(Op::FfnUpMatmul, || {
         matmul(kernels, &w.gate, xb, n, gate, None, layer, "ffn.gate")?;
         matmul(kernels, &w.up, xb, n, up, None, layer, "ffn.up")
     })?;
-    fid_dump(layer, "ffn_gate", gate); // FIDDUMP
-    fid_dump(layer, "ffn_up", up); // FIDDUMP
     // gate = act(gate) ⊙ up
     clock.time(Op::Activation, || match cfg.activation {
         Activation::Silu => ops::swiglu(gate, up),
@@ -348,26 +338,14 @@ pub fn forward_layer(
     clock.try_time(Op::FfnDownMatmul, || {
         matmul(kernels, &w.down, gate, n, proj, None, layer, "ffn.down")
     })?;
-    fid_dump(layer, "ffn_out", proj); // FIDDUMP
     // proj = rmsnorm(proj) · post_ffn_norm (Gemma 3)
     if let Some(pn) = w.post_ffn_norm {
         clock.time(Op::Norm, || ops::rms_norm_rows(proj, d, pn, eps, offset));
     }
     // h = h + proj
     clock.time(Op::Residual, || ops::add(hidden, proj));
-    fid_dump(layer, "l_out", hidden); // FIDDUMP
     Ok(())
 }
-
-// FIDDUMP-BEGIN (temporary fidelity debugging, removed before commit)
-fn fid_dump(layer: usize, name: &str, data: &[f32]) {
-    if let Some(dir) = std::env::var_os("FLATRUN_FID_DUMP") {
-        let path = std::path::Path::new(&dir).join(format!("{name}-{layer}.f32"));
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        let _ = std::fs::write(path, bytes);
-    }
-}
-// FIDDUMP-END
 
 /// `out = x·Wᵀ (+ bias)` for `n` tokens, with errors naming the tensor.
 #[allow(clippy::too_many_arguments)]

@@ -70,7 +70,10 @@ impl DeltaNetConfig {
         if self.d_conv == 0 {
             return Err(bad("ssm.conv_kernel", "must be at least 1".into()));
         }
-        if self.n_k_heads == 0 || self.n_v_heads == 0 || self.n_v_heads % self.n_k_heads != 0 {
+        if self.n_k_heads == 0
+            || self.n_v_heads == 0
+            || !self.n_v_heads.is_multiple_of(self.n_k_heads)
+        {
             return Err(bad(
                 "ssm.time_step_rank",
                 format!(

@@ -99,11 +99,7 @@ pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
     let delta = DeltaNetConfig {
         d_conv: keys.require_usize("ssm.conv_kernel")?,
         head_k_dim: keys.require_usize("ssm.state_size")?,
-        head_v_dim: if n_v_heads == 0 {
-            0
-        } else {
-            d_inner / n_v_heads
-        },
+        head_v_dim: d_inner.checked_div(n_v_heads).unwrap_or(0),
         n_k_heads: keys.require_usize("ssm.group_count")?,
         n_v_heads,
         recurrent_layers,
@@ -271,7 +267,7 @@ pub fn forward_layer(
                 match &mut seg.memory {
                     LayerMemory::Recurrent(state) => states.push(DeltaNetSegment {
                         tokens: seg.tokens.clone(),
-                        state: &mut **state,
+                        state,
                     }),
                     LayerMemory::Kv(_) => return Err(wrong_memory(layer, "recurrent state")),
                 }

@@ -51,6 +51,8 @@ struct Rewrite {
 /// `source` with every binary `~`, `+` and `*` replaced by a guard call.
 /// Fails when the template does not parse (the caller reports that as a
 /// syntax error from compiling the original).
+// `SyntaxConfig` has fields when minijinja's `custom_syntax` feature is on.
+#[allow(clippy::default_constructed_unit_structs)]
 pub(crate) fn rewrite_operators(source: &str) -> Result<String, minijinja::Error> {
     let ast = parse(
         source,

@@ -38,8 +38,8 @@ use std::path::Path;
 use flatrun_format::Metadata;
 
 use bpe::ByteLevelBpe;
-use text_table::ByteTable;
 use special::{Fragment, SpecialTokens};
+use text_table::ByteTable;
 use vocab::{MetaReader, Vocab};
 
 /// How ids are turned into text pieces.
