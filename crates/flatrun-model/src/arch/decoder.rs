@@ -381,20 +381,20 @@ fn matmul(
     Ok(())
 }
 
-/// Times closures and reports them to the observer.
-struct Clock<'o> {
-    obs: &'o mut dyn OpObserver,
-    layer: usize,
+/// Times closures and reports them to the observer (shared by every architecture's layer).
+pub(crate) struct Clock<'o> {
+    pub(crate) obs: &'o mut dyn OpObserver,
+    pub(crate) layer: usize,
 }
 
 impl Clock<'_> {
-    fn time<R>(&mut self, op: Op, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn time<R>(&mut self, op: Op, f: impl FnOnce() -> R) -> R {
         let start = Instant::now();
         let r = f();
         self.obs.record(self.layer, op, start.elapsed());
         r
     }
-    fn try_time(&mut self, op: Op, f: impl FnOnce() -> Result<()>) -> Result<()> {
+    pub(crate) fn try_time(&mut self, op: Op, f: impl FnOnce() -> Result<()>) -> Result<()> {
         self.time(op, f)
     }
 }

@@ -19,7 +19,7 @@
 //! (`rope.dimension_sections`); for text every axis holds the token's
 //! position, which makes it exactly NeoX RoPE over the rotated dimensions.
 
-use super::decoder::{LayerKv, LayerPlan, Op, OpObserver};
+use super::decoder::{Clock, LayerKv, LayerPlan, Op, OpObserver};
 use super::delta_net::{
     self, project, DeltaNetConfig, DeltaNetScratch, DeltaNetSegment, DeltaNetState, DeltaNetWeights,
 };
@@ -413,22 +413,4 @@ fn gated_attention(
     clock.try_time(Op::OutMatmul, || {
         project(kernels, &w.o, att, n, out, layer, "attn.o")
     })
-}
-
-/// Times closures and reports them to the observer.
-struct Clock<'o> {
-    obs: &'o mut dyn OpObserver,
-    layer: usize,
-}
-
-impl Clock<'_> {
-    fn time<R>(&mut self, op: Op, f: impl FnOnce() -> R) -> R {
-        let start = Instant::now();
-        let r = f();
-        self.obs.record(self.layer, op, start.elapsed());
-        r
-    }
-    fn try_time(&mut self, op: Op, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.time(op, f)
-    }
 }
