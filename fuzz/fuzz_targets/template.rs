@@ -1,6 +1,6 @@
 //! Rendering arbitrary chat templates with arbitrary messages: must never
-//! panic, hang or grow without bound (fuel, recursion, output, string and
-//! sequence limits).
+//! panic, hang or grow without bound (fuel, recursion, output, string,
+//! sequence and total-bytes limits, captured blocks and macro output).
 #![no_main]
 
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate, TemplateLimits};
@@ -23,6 +23,7 @@ fuzz_target!(|data: &[u8]| {
         max_output_bytes: 1 << 16,
         max_string_bytes: 1 << 16,
         max_items: 1 << 12,
+        max_total_bytes: 1 << 20,
     };
     if let Ok(template) = ChatTemplate::from_source("fuzz", source) {
         let template = template.with_limits(limits);

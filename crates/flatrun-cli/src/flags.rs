@@ -26,9 +26,14 @@ pub struct EngineFlags {
     /// `bench` measures every mode given (repeat the flag or separate with commas).
     #[arg(long, value_name = "MODE", value_delimiter = ',')]
     pub residency: Vec<String>,
-    /// Layers read ahead by the prefetch thread (0 = off).
+    /// Layers read ahead by the prefetch thread (0 = off); in stream mode,
+    /// row chunks of `--stream-chunk` bytes read ahead.
     #[arg(long, default_value_t = 1)]
     pub prefetch: usize,
+    /// Streamed matrices are mapped in row chunks of at most this size
+    /// (e.g. 2M, 512K): at most (prefetch + 1) chunks of weights are resident.
+    #[arg(long, value_name = "SIZE", default_value = "2M")]
+    pub stream_chunk: String,
     /// KV cache element type: f16 or f32.
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub kv_type: String,
@@ -150,6 +155,8 @@ impl EngineFlags {
             },
             ctx: self.ctx,
             kv_type,
+            stream_chunk_bytes: flatrun_runtime::options::parse_size(&self.stream_chunk)?.max(1)
+                as usize,
             profile: self.profiling(),
             trace_memory: self.trace_memory || self.profile_detailed,
             weights,

@@ -174,10 +174,13 @@ pub fn inspect(path: &Path, with_tensors: bool) -> Result<Report> {
     })
 }
 
-/// The type a tensor is counted under: its dtype, or the MLX quant.
+/// The type a tensor is counted under: its dtype, or the MLX quant with its
+/// bits and group size (`MLX_Q4/g32`).
 fn type_label(t: &flatrun_format::TensorInfo) -> String {
     match t.quant {
-        flatrun_format::QuantDescriptor::MlxAffine { bits, .. } => format!("MLX_Q{bits}"),
+        flatrun_format::QuantDescriptor::MlxAffine {
+            bits, group_size, ..
+        } => format!("MLX_Q{bits}/g{group_size}"),
         _ => t.dtype.to_string(),
     }
 }

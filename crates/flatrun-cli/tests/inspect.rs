@@ -211,7 +211,7 @@ fn mlx_directory() {
     assert_eq!(r["total_bytes"], 320);
     assert_eq!(r["tensors"][0]["name"], "layers.0.attn.q");
     assert_eq!(r["tensors"][0]["shape"], serde_json::json!([8, 64]));
-    assert_eq!(r["tensors_by_type"]["MLX_Q4"], 1);
+    assert_eq!(r["tensors_by_type"]["MLX_Q4/g32"], 1);
 }
 
 #[test]
@@ -231,4 +231,130 @@ fn bad_file_is_a_clean_error() {
         .stderr(predicate::str::contains("broken.gguf"))
         .stderr(predicate::str::contains("truncated"))
         .stderr(predicate::str::contains("panicked").not());
+}
+
+/// Writes a safetensors file of `tensors` (name, dtype, shape), bytes zeroed.
+fn write_safetensors(path: &std::path::Path, tensors: &[(&str, &str, Vec<usize>)]) {
+    let mut header = serde_json::Map::new();
+    let mut len = 0usize;
+    for (name, dtype, shape) in tensors {
+        let width = if *dtype == "F32" { 4 } else { 2 };
+        let bytes = width * shape.iter().product::<usize>();
+        header.insert(
+            name.to_string(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [len, len + bytes]}),
+        );
+        len += bytes;
+    }
+    let header = serde_json::Value::from(header).to_string();
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend_from_slice(header.as_bytes());
+    file.resize(file.len() + len, 0);
+    std::fs::write(path, file).unwrap();
+}
+
+/// A sharded Hugging Face directory (bf16, `model.safetensors.index.json`):
+/// inspect reports the format, both shards, the dtype and the architecture.
+#[test]
+fn hf_sharded_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"architectures":["Qwen2ForCausalLM"],"model_type":"qwen2","num_hidden_layers":1,
+            "hidden_size":64,"intermediate_size":128,"num_attention_heads":4,"num_key_value_heads":2,
+            "rope_theta":1000000.0,"vocab_size":8,"max_position_embeddings":128,"rms_norm_eps":1e-6,
+            "tie_word_embeddings":true,"torch_dtype":"bfloat16"}"#,
+    )
+    .unwrap();
+    let layer = |s: &str| format!("model.layers.0.{s}");
+    let first: Vec<(String, &str, Vec<usize>)> = vec![
+        ("model.embed_tokens.weight".into(), "BF16", vec![8, 64]),
+        (layer("input_layernorm.weight"), "BF16", vec![64]),
+        (layer("self_attn.q_proj.weight"), "BF16", vec![64, 64]),
+        (layer("self_attn.q_proj.bias"), "BF16", vec![64]),
+        (layer("self_attn.k_proj.weight"), "BF16", vec![32, 64]),
+        (layer("self_attn.k_proj.bias"), "BF16", vec![32]),
+        (layer("self_attn.v_proj.weight"), "BF16", vec![32, 64]),
+        (layer("self_attn.v_proj.bias"), "BF16", vec![32]),
+    ];
+    let second: Vec<(String, &str, Vec<usize>)> = vec![
+        (layer("self_attn.o_proj.weight"), "BF16", vec![64, 64]),
+        (layer("post_attention_layernorm.weight"), "BF16", vec![64]),
+        (layer("mlp.gate_proj.weight"), "BF16", vec![128, 64]),
+        (layer("mlp.up_proj.weight"), "BF16", vec![128, 64]),
+        (layer("mlp.down_proj.weight"), "BF16", vec![64, 128]),
+        ("model.norm.weight".into(), "BF16", vec![64]),
+    ];
+    let mut weight_map = serde_json::Map::new();
+    for (file, tensors) in [
+        ("model-00001-of-00002.safetensors", &first),
+        ("model-00002-of-00002.safetensors", &second),
+    ] {
+        let list: Vec<(&str, &str, Vec<usize>)> = tensors
+            .iter()
+            .map(|(n, d, s)| (n.as_str(), *d, s.clone()))
+            .collect();
+        write_safetensors(&dir.path().join(file), &list);
+        for (name, _, _) in tensors {
+            weight_map.insert(name.clone(), file.into());
+        }
+    }
+    std::fs::write(
+        dir.path().join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map}).to_string(),
+    )
+    .unwrap();
+
+    let r = inspect_json(dir.path(), &[]);
+    assert_eq!(r["format"], "safetensors");
+    assert_eq!(r["files"].as_array().map(Vec::len), Some(2));
+    assert_eq!(r["architecture"], "qwen2");
+    assert_eq!(r["hyperparameters"]["layers"], 1);
+    assert_eq!(r["hyperparameters"]["kv_heads"], 2);
+    assert_eq!(r["tied_output"], true);
+    assert_eq!(r["tensor_count"], 14);
+    assert_eq!(r["tensors_by_type"]["BF16"], 14);
+    flatrun()
+        .arg("inspect")
+        .arg(dir.path())
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(
+            "format:         safetensors (2 files)",
+        ))
+        .stdout(predicate::str::contains("architecture:   qwen2"))
+        .stdout(predicate::str::contains("tensors:        14 (BF16 14)"));
+}
+
+/// The HF directories of `scripts/gen_hf_checkpoints.py`, when present
+/// (`crates/flatrun-runtime/tests/hf_parity.rs` writes and requires them).
+#[test]
+fn hf_directories_from_real_models() {
+    let root = std::env::var_os("FLATRUN_HF_CKPT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/hf-ckpt")
+        });
+    for (dir, arch, files, dtype, count) in [
+        ("smollm2-135m-f16-sharded", "llama", 3, "F16", 272),
+        ("smollm2-135m-bf16", "llama", 1, "BF16", 272),
+        // `architecture` is config.json's `model_type`.
+        ("gemma-3-270m-f16", "gemma3_text", 1, "F16", 236),
+    ] {
+        let path = root.join(dir);
+        if !path.join("config.json").exists() {
+            eprintln!(
+                "skipping: {} not found (scripts/gen_hf_checkpoints.py)",
+                path.display()
+            );
+            continue;
+        }
+        let r = inspect_json(&path, &[]);
+        assert_eq!(r["format"], "safetensors", "{dir}");
+        assert_eq!(r["architecture"], arch, "{dir}");
+        assert_eq!(r["files"].as_array().map(Vec::len), Some(files), "{dir}");
+        assert_eq!(r["tensors_by_type"][dtype], count, "{dir}");
+        assert_eq!(r["chat_template"], arch == "llama", "{dir}");
+    }
 }

@@ -142,5 +142,70 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// MLX affine layouts with fused kernels: (bits, group size), f16 scales and biases.
+const MLX_FORMATS: &[(u8, usize)] = &[(4, 32), (4, 64), (8, 32), (8, 64)];
+
+/// The same GEMV/GEMM measurements for the fused MLX kernels (filter with `-- MLX`);
+/// GB/s count the packed values plus the scales and biases.
+fn bench_mlx(c: &mut Criterion) {
+    let k = backend(BackendKind::Native);
+    for &(bits, group) in MLX_FORMATS {
+        let format = WeightFormat::MlxAffine {
+            bits,
+            group_size: group as u32,
+            scale_dtype: flatrun_format::DType::Ggml(GgmlType::F16),
+        };
+        for &(rows, cols) in SHAPES {
+            // Random packed values (xorshift), f16 scales of 0.01 and biases of −0.05.
+            let mut st = 0x2545F4914F6CDD1Du64;
+            let data: Vec<u8> = (0..rows * cols * bits as usize / 8)
+                .map(|_| {
+                    st ^= st << 13;
+                    st ^= st >> 7;
+                    st ^= st << 17;
+                    (st >> 32) as u8
+                })
+                .collect();
+            let n_groups = rows * cols / group;
+            let scales: Vec<u8> = (0..n_groups)
+                .flat_map(|_| f16::from_f32(0.01).to_le_bytes())
+                .collect();
+            let biases: Vec<u8> = (0..n_groups)
+                .flat_map(|_| f16::from_f32(-0.05).to_le_bytes())
+                .collect();
+            let w = Weight::new(format, rows, cols, &data, Some(&scales), Some(&biases)).unwrap();
+            let bytes = data.len() + scales.len() + biases.len();
+            let name = format!("MLX{bits}g{group}");
+            let x: Vec<f32> = (0..cols)
+                .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                .collect();
+            let mut out = vec![0f32; rows];
+            let mut g = c.benchmark_group(format!("gemv/{name}"));
+            g.throughput(Throughput::Bytes(bytes as u64));
+            g.bench_function(format!("{rows}x{cols}"), |b| {
+                b.iter(|| k.matmul(&w, black_box(&x), 1, &mut out).unwrap())
+            });
+            g.finish();
+            if rows * cols <= 20_000_000 {
+                let xs: Vec<f32> = (0..cols * PREFILL_TOKENS)
+                    .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+                    .collect();
+                let mut outs = vec![0f32; rows * PREFILL_TOKENS];
+                let mut g = c.benchmark_group(format!("gemm{PREFILL_TOKENS}/{name}"));
+                g.throughput(Throughput::Elements(
+                    2 * (rows * cols * PREFILL_TOKENS) as u64,
+                ));
+                g.bench_function(format!("{rows}x{cols}"), |b| {
+                    b.iter(|| {
+                        k.matmul(&w, black_box(&xs), PREFILL_TOKENS, &mut outs)
+                            .unwrap()
+                    })
+                });
+                g.finish();
+            }
+        }
+    }
+}
+
+criterion_group!(benches, bench, bench_mlx);
 criterion_main!(benches);

@@ -1,7 +1,9 @@
-//! On-CPU time per GEMV call, single-threaded, per format (insensitive to other
-//! load on the machine, unlike wall-clock benches). Linux only.
+//! On-CPU time per GEMV (or GEMM) call, single-threaded, per format (insensitive
+//! to other load on the machine, unlike wall-clock benches). Linux only.
 //!
-//! `cargo run --release -p flatrun-kernels --example cpu_time [rows cols iters]`
+//! `cargo run --release -p flatrun-kernels --example cpu_time [rows cols iters [tokens]]`
+//! (`CPU_TIME_FORMATS=q4_1,q8_0` limits the formats; with `tokens` > 1 the cycle
+//! figure is per 32 weights per token).
 
 use flatrun_format::GgmlType;
 use flatrun_kernels::{Kernels, NativeKernels, Weight, WeightFormat};
@@ -19,14 +21,20 @@ fn main() {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let (rows, cols, iters) = match args[..] {
-        [r, c, i] => (r, c, i),
-        _ => (1536, 2048, 200),
+    let (rows, cols, iters, tokens) = match args[..] {
+        [r, c, i] => (r, c, i, 1),
+        [r, c, i, t] => (r, c, i, t.max(1)),
+        _ => (1536, 2048, 200, 1),
     };
+    let only: Option<Vec<String>> = std::env::var("CPU_TIME_FORMATS").ok().map(|s| {
+        s.split(',')
+            .map(|f| f.trim().to_ascii_lowercase())
+            .collect()
+    });
     flatrun_kernels::set_threads(1);
     let level = flatrun_kernels::simd_level();
     let k = NativeKernels::new(level);
-    println!("{rows} x {cols}, {iters} calls, simd {level}, 1 thread");
+    println!("{rows} x {cols} x {tokens} tokens, {iters} calls, simd {level}, 1 thread");
     for t in [
         GgmlType::Q4_0,
         GgmlType::Q4_1,
@@ -43,6 +51,11 @@ fn main() {
     ] {
         if cols % t.block_size() != 0 {
             continue;
+        }
+        if let Some(only) = &only {
+            if !only.contains(&t.traits().name.to_ascii_lowercase()) {
+                continue;
+            }
         }
         let n = rows * cols / t.block_size() * t.type_size();
         let mut bytes: Vec<u8> = (0..n)
@@ -65,15 +78,17 @@ fn main() {
             }
         }
         let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
-        let x: Vec<f32> = (0..cols).map(|i| (i % 17) as f32 * 0.1 - 0.8).collect();
-        let mut out = vec![0f32; rows];
-        k.matmul(&w, &x, 1, &mut out).unwrap();
+        let x: Vec<f32> = (0..cols * tokens)
+            .map(|i| (i % 17) as f32 * 0.1 - 0.8)
+            .collect();
+        let mut out = vec![0f32; rows * tokens];
+        k.matmul(&w, &x, tokens, &mut out).unwrap();
         let t0 = thread_cpu_ns();
         for _ in 0..iters {
-            k.matmul(&w, &x, 1, &mut out).unwrap();
+            k.matmul(&w, &x, tokens, &mut out).unwrap();
         }
         let ns = (thread_cpu_ns() - t0) as f64 / iters as f64;
-        let weights = (rows * cols) as f64;
+        let weights = (rows * cols * tokens) as f64;
         println!(
             "{:>7}: {:8.1} us/call  {:6.2} GB/s of weights  {:5.3} ns/weight (x2.45 GHz = {:.2} cycles/32 weights)",
             t.traits().name,

@@ -87,6 +87,31 @@ pub trait Kernels: Send + Sync {
         n_tokens: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError>;
+    /// Several products of the same activations: `outs[i] = x·ws[i]ᵀ` (e.g. Q, K and V,
+    /// or gate and up). The native backend runs them as one pool job, so the threads
+    /// meet once instead of once per matrix; the results are those of [`Kernels::matmul`].
+    fn matmul_many(
+        &self,
+        ws: &[&Weight],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        if let (Some(w), true) = (ws.first(), ws.len() != outs.len()) {
+            return Err(KernelError::BufferLength {
+                format: w.format.to_string(),
+                rows: w.rows,
+                cols: w.cols,
+                what: "output list",
+                expected: ws.len(),
+                got: outs.len(),
+            });
+        }
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, x, n_tokens, out)?;
+        }
+        Ok(())
+    }
     /// Dequantize rows `rows` of `w` into `out` (`rows.len() * cols` values), e.g. embedding lookups.
     fn dequantize_rows(
         &self,

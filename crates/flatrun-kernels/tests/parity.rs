@@ -87,7 +87,10 @@ fn mlx_formats_match_reference() {
             Some(&biases),
         )
         .unwrap();
-        check(&w, 3, 1e-5, &mut rng);
+        // 4/8-bit have fused kernels (8-bit activations, like Q4_1/Q8_0; see
+        // tests/mlx_affine.rs); the other widths decode rows then take an f32 dot.
+        let budget = if matches!(bits, 4 | 8) { 5e-3 } else { 1e-5 };
+        check(&w, 3, budget, &mut rng);
     }
 }
 

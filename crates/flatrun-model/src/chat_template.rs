@@ -4,11 +4,12 @@
 //! or a built-in template chosen by architecture when the checkpoint has none.
 //!
 //! Templates come from untrusted files, so rendering runs in minijinja's
-//! sandbox with a fuel limit (instructions executed), a recursion limit, a
-//! limit on the size of the output, and limits on the strings and sequences
-//! a template can build (`~`, `+` and `*` are rewritten into size-checked
-//! calls, and the filters and methods that inflate text check their result
-//! size first: see `guard.rs`); a hostile template fails with
+//! sandbox with a fuel limit (instructions executed) and a recursion limit,
+//! and the template is compiled into instrumented instructions
+//! (`sandbox.rs`) that hold the output, every captured block and macro
+//! output, and every string and sequence the template builds under size
+//! limits while they grow (`budget.rs`, `guard.rs`), plus a limit on all the
+//! bytes one render builds; a hostile template fails with
 //! [`TemplateError::Limit`] instead of running forever or filling memory.
 //!
 //! ```
@@ -24,12 +25,18 @@
 use std::fmt::Write as _;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use flatrun_format::{MetaValue, Metadata};
-use minijinja::{Environment, ErrorKind, Value};
+use minijinja::machinery::Vm;
+use minijinja::{AutoEscape, Environment, ErrorKind, Value};
 use serde::Serialize;
 
+mod budget;
 mod guard;
+mod sandbox;
+
+use budget::Budget;
 
 /// One message of a conversation.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
@@ -81,10 +88,14 @@ pub struct TemplateLimits {
     pub recursion: usize,
     /// Bytes of rendered output.
     pub max_output_bytes: usize,
-    /// Bytes of any string the template builds (`~`, `+`, `*`, filters).
+    /// Bytes of any string the template builds (`~`, `+`, `*`, filters,
+    /// captured blocks, macro output), and text weight of any sequence.
     pub max_string_bytes: usize,
     /// Items of any sequence the template builds (`+`, `*`, `batch`…).
     pub max_items: usize,
+    /// Bytes one render may write and build in total (output, captures,
+    /// macro output, operator and filter results).
+    pub max_total_bytes: usize,
 }
 
 impl Default for TemplateLimits {
@@ -95,6 +106,7 @@ impl Default for TemplateLimits {
             max_output_bytes: 4 << 20,
             max_string_bytes: 4 << 20,
             max_items: 1 << 20,
+            max_total_bytes: 64 << 20,
         }
     }
 }
@@ -112,8 +124,6 @@ const LLAMA2: &str = "{% if messages[0]['role'] == 'system' %}{% set system = '<
 pub struct ChatTemplate {
     name: String,
     source: String,
-    /// `source` with its operators rewritten into guarded calls.
-    guarded: String,
     limits: TemplateLimits,
 }
 
@@ -207,26 +217,26 @@ impl ChatTemplate {
             name: name.to_string(),
             what: describe(e),
         };
-        // The original must compile (its errors are the ones to report)…
-        let limits = TemplateLimits::default();
-        let plain = ChatTemplate {
+        let template = ChatTemplate {
             name: name.to_string(),
             source: source.to_string(),
-            guarded: String::new(),
-            limits,
+            limits: TemplateLimits::default(),
         };
-        plain
-            .environment()
-            .template_from_str(source)
-            .map_err(|e| syntax(&e))?;
-        // …and so must its guarded form.
-        let guarded = guard::rewrite_operators(source).map_err(|e| syntax(&e))?;
-        let template = ChatTemplate { guarded, ..plain };
-        template
-            .environment()
-            .template_from_str(&template.guarded)
-            .map_err(|e| syntax(&e))?;
-        Ok(template)
+        // The sandbox compiles it (refusing oversized constants before
+        // minijinja's constant folding would build them)…
+        let Err(e) = sandbox::compile(name, source, template.limits.max_string_bytes) else {
+            return Ok(template);
+        };
+        let error = template.compile_error(&e);
+        if matches!(error, TemplateError::Syntax { .. }) {
+            // …and a syntax error is reported by minijinja's own compiler, with its context.
+            let budget = Arc::new(Budget::new(template.limits));
+            template
+                .environment(budget)
+                .template_from_str(source)
+                .map_err(|e| syntax(&e))?;
+        }
+        Err(error)
     }
 
     /// The built-in template for an architecture: Gemma turns for `gemma*`,
@@ -245,8 +255,6 @@ impl ChatTemplate {
         ChatTemplate {
             name: name.to_string(),
             source: source.to_string(),
-            // The built-in templates are trusted and small: no rewrite needed.
-            guarded: source.to_string(),
             limits: TemplateLimits::default(),
         }
     }
@@ -293,13 +301,10 @@ impl ChatTemplate {
         eos_token: &str,
         extra: Value,
     ) -> Result<String, TemplateError> {
-        let env = self.environment();
-        let template = env
-            .template_from_str(&self.guarded)
-            .map_err(|e| TemplateError::Syntax {
-                name: self.name.clone(),
-                what: describe(&e),
-            })?;
+        let budget = Arc::new(Budget::new(self.limits));
+        let env = self.environment(budget);
+        let compiled = sandbox::compile(&self.name, &self.source, self.limits.max_string_bytes)
+            .map_err(|e| self.compile_error(&e))?;
         let base = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -311,23 +316,24 @@ impl ChatTemplate {
         } else {
             minijinja::context! { ..base, ..extra }
         };
-        let mut out = LimitedWriter {
-            buf: Vec::new(),
-            limit: self.limits.max_output_bytes,
-            exceeded: false,
-        };
-        let result = template.render_captured_to(ctx, &mut out).map(|_| ());
+        // Run the instrumented instructions; the formatter writes every byte
+        // and holds the output under its limit.
+        let mut rendered = String::new();
+        let result = Vm::new(&env).eval(
+            &compiled.instructions,
+            Value::from_serialize(&ctx),
+            &compiled.blocks,
+            &mut minijinja::machinery::make_string_output(&mut rendered),
+            AutoEscape::None,
+        );
         match result {
-            Ok(_) => String::from_utf8(out.buf).map_err(|e| TemplateError::Render {
-                name: self.name.clone(),
-                what: e.to_string(),
-            }),
-            Err(e) => Err(self.classify(&e, out.exceeded)),
+            Ok(_) => Ok(rendered),
+            Err(e) => Err(self.classify(&e)),
         }
     }
 
     /// A sandboxed environment configured like Hugging Face's.
-    fn environment(&self) -> Environment<'_> {
+    fn environment(&self, budget: Arc<Budget>) -> Environment<'_> {
         let mut env = Environment::new();
         // Hugging Face compiles chat templates with these two on.
         env.set_trim_blocks(true);
@@ -335,21 +341,31 @@ impl ChatTemplate {
         env.set_fuel(Some(self.limits.fuel));
         env.set_recursion_limit(self.limits.recursion);
         minijinja_contrib::add_to_environment(&mut env);
-        guard::add_guards(&mut env, self.limits);
+        let formatter_budget = budget.clone();
+        env.set_formatter(move |out, state, value| formatter_budget.emit(out, state, value));
+        guard::add_guards(&mut env, self.limits, budget);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
         env
     }
 
-    fn classify(&self, e: &minijinja::Error, output_exceeded: bool) -> TemplateError {
-        let name = self.name.clone();
-        if output_exceeded {
-            return TemplateError::Limit {
-                name,
-                what: format!("output exceeds {} bytes", self.limits.max_output_bytes),
-            };
+    /// A sandbox compile error: a constant that is too large, or syntax.
+    fn compile_error(&self, e: &minijinja::Error) -> TemplateError {
+        match e.detail().and_then(|d| d.strip_prefix(guard::TOO_LARGE)) {
+            Some(what) => TemplateError::Limit {
+                name: self.name.clone(),
+                what: what.to_string(),
+            },
+            None => TemplateError::Syntax {
+                name: self.name.clone(),
+                what: describe(e),
+            },
         }
+    }
+
+    fn classify(&self, e: &minijinja::Error) -> TemplateError {
+        let name = self.name.clone();
         let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
         while let Some(err) = cause {
             if let Some(m) = err.downcast_ref::<minijinja::Error>() {
@@ -408,27 +424,6 @@ fn describe(e: &minijinja::Error) -> String {
     match e.line() {
         Some(line) => format!("{e} (line {line})"),
         None => e.to_string(),
-    }
-}
-
-/// Collects output and refuses to grow past a limit.
-struct LimitedWriter {
-    buf: Vec<u8>,
-    limit: usize,
-    exceeded: bool,
-}
-
-impl io::Write for LimitedWriter {
-    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
-        if self.buf.len() + data.len() > self.limit {
-            self.exceeded = true;
-            return Err(io::Error::other("chat template output limit exceeded"));
-        }
-        self.buf.extend_from_slice(data);
-        Ok(data.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
     }
 }
 
@@ -597,6 +592,136 @@ fn write_python_json(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `source` rendered by minijinja's own compiler without the sandbox
+    /// (same configuration and helpers): what the instrumented instructions
+    /// must reproduce.
+    fn render_plain(
+        source: &str,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, String> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", tojson);
+        let template = env.template_from_str(source).map_err(|e| e.to_string())?;
+        template
+            .render(minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                bos_token => "<BOS>",
+                eos_token => "<EOS>",
+            })
+            .map_err(|e| e.to_string())
+    }
+
+    /// Every chat template at hand: built-ins, the jinja2 fixtures, and the
+    /// templates in the GGUF files of `$FLATRUN_VOCAB` and `$FLATRUN_MODELS`.
+    fn known_templates() -> Vec<(String, String)> {
+        let mut templates: Vec<(String, String)> = [CHATML, GEMMA, LLAMA3, LLAMA2]
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (format!("builtin {i}"), t.to_string()))
+            .collect();
+        let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+        for file in ["chat_smollm2.json", "chat_qwen2.5.json"] {
+            let text = std::fs::read_to_string(fixtures.join(file)).expect("fixture");
+            let json: serde_json::Value = serde_json::from_str(&text).expect("fixture json");
+            if let Some(t) = json["template"].as_str() {
+                templates.push((file.to_string(), t.to_string()));
+            }
+        }
+        let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
+        let dirs = [
+            std::env::var_os("FLATRUN_VOCAB")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".cache/flatrun/vocab")),
+            std::env::var_os("FLATRUN_MODELS")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| home.join(".cache/flatrun/models")),
+        ];
+        for dir in dirs {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            let mut paths: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                .collect();
+            paths.sort();
+            for path in paths {
+                let Ok(backend) = flatrun_format::open(&path) else {
+                    continue;
+                };
+                let found = backend
+                    .metadata()
+                    .entries
+                    .iter()
+                    .find(|(k, _)| k == "tokenizer.chat_template")
+                    .map(|(_, v)| v.clone());
+                if let Some(MetaValue::String(t)) = found {
+                    templates.push((path.display().to_string(), t));
+                }
+            }
+        }
+        templates
+    }
+
+    #[test]
+    fn sandbox_renders_like_minijinja() {
+        let conversations = [
+            vec![ChatMessage::new("user", "Hi")],
+            vec![
+                ChatMessage::new("system", "Be brief."),
+                ChatMessage::new("user", "What is 2+2?"),
+                ChatMessage::new("assistant", "4"),
+                ChatMessage::new("user", "And 3+3? {{ not a tag }} <|im_end|> é 漢字 🙂"),
+            ],
+            vec![
+                ChatMessage::new("user", "  padded\n\n  "),
+                ChatMessage::new("assistant", "ok"),
+            ],
+        ];
+        let mut compared = 0;
+        let templates = known_templates();
+        for (name, source) in &templates {
+            let (name, source) = (name.as_str(), source.as_str());
+            let sandboxed = match ChatTemplate::from_source(name, source) {
+                Ok(t) => t,
+                Err(e) => {
+                    assert!(
+                        render_plain(source, &conversations[0], true).is_err(),
+                        "{name}: only the sandbox refuses it: {e}"
+                    );
+                    continue;
+                }
+            };
+            for messages in &conversations {
+                for generation_prompt in [true, false] {
+                    let plain = render_plain(source, messages, generation_prompt);
+                    let ours = sandboxed.render(messages, generation_prompt, "<BOS>", "<EOS>");
+                    match (plain, ours) {
+                        (Ok(plain), Ok(ours)) => {
+                            assert_eq!(ours, plain, "{name}");
+                            compared += 1;
+                        }
+                        (Err(_), Err(_)) => {}
+                        (plain, ours) => panic!("{name}: plain {plain:?}, sandboxed {ours:?}"),
+                    }
+                }
+            }
+        }
+        eprintln!(
+            "{compared} renders of {} templates compared",
+            templates.len()
+        );
+        assert!(compared >= 20, "only {compared} renders compared");
+    }
 
     #[test]
     fn strftime_known_dates() {

@@ -216,16 +216,10 @@ fn hostile_huge_output_is_stopped() {
     let err = t.render(&[], false, "", "").unwrap_err();
     assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
     assert!(err.to_string().contains("output exceeds"), "{err}");
-    // One gigantic string in a single operation.
-    let t = ChatTemplate::from_source("evil", "{{ 'x' * 100000000000 }}").unwrap();
-    let err = t.render(&[], false, "", "").unwrap_err();
-    assert!(
-        matches!(
-            err,
-            TemplateError::Limit { .. } | TemplateError::Render { .. }
-        ),
-        "{err}"
-    );
+    // One gigantic string in a single operation (a constant: refused
+    // before minijinja's constant folding would build it).
+    let err = ChatTemplate::from_source("evil", "{{ 'x' * 100000000000 }}").unwrap_err();
+    assert!(matches!(err, TemplateError::Limit { .. }), "{err}");
 }
 
 #[test]
@@ -234,19 +228,24 @@ fn syntax_errors_are_reported() {
     assert!(matches!(err, TemplateError::Syntax { .. }), "{err}");
 }
 
-/// Render `source` and expect a size-limit error, quickly and without
-/// allocating more than the limits allow.
-fn expect_size_limit(source: &str) {
-    let t = ChatTemplate::from_source("evil", source).unwrap();
+/// Compile and render `source` and expect a size-limit error (from the
+/// compile-time check of constants or from rendering), quickly and without
+/// allocating more than the limits allow. Returns the error and the time taken.
+fn expect_size_limit(source: &str) -> (TemplateError, std::time::Duration) {
     let start = std::time::Instant::now();
-    let err = t
-        .render(&[ChatMessage::new("user", "hello")], true, "<s>", "</s>")
-        .unwrap_err();
+    let err = match ChatTemplate::from_source("evil", source) {
+        Err(err) => err,
+        Ok(t) => t
+            .render(&[ChatMessage::new("user", "hello")], true, "<s>", "</s>")
+            .unwrap_err(),
+    };
+    let elapsed = start.elapsed();
     assert!(
         matches!(err, TemplateError::Limit { .. }),
         "{source}: {err}"
     );
-    assert!(start.elapsed().as_secs() < 10, "{source}: too slow");
+    assert!(elapsed.as_secs() < 10, "{source}: too slow");
+    (err, elapsed)
 }
 
 #[test]
@@ -297,4 +296,189 @@ fn guarded_operators_keep_their_meaning() {
         .unwrap();
     let err = t.render(&[], false, "", "").unwrap_err();
     assert!(matches!(err, TemplateError::Raised { .. }), "{err}");
+}
+
+/// One hostile template per route around the operator guards: strings
+/// grown inside captured blocks, macro output, `{% call %}` bodies,
+/// `{% filter %}` blocks, loops and recursive macros, plus the routes that
+/// build many or amplified strings. Each must stop with the limit error,
+/// naming what grew, within a fraction of a second.
+#[test]
+fn hostile_captures_are_stopped() {
+    let straight = |setup: &str, step: &str, times: usize, tail: &str| {
+        format!("{setup}{}{tail}", step.repeat(times))
+    };
+    let routes: Vec<(&str, String, &str)> = vec![
+        (
+            "set-block doubling",
+            straight(
+                "{% set s %}xxxxxxxx{% endset %}",
+                "{% set s %}{{ s }}{{ s }}{% endset %}",
+                40,
+                "{{ s|length }}",
+            ),
+            "captured block",
+        ),
+        (
+            "macro doubling in a loop",
+            "{% macro twice(s) %}{{ s }}{{ s }}{% endmacro %}{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = twice(ns.s) %}{% endfor %}{{ ns.s|length }}".into(),
+            "macro output",
+        ),
+        (
+            "call-block doubling",
+            straight(
+                "{% macro twice() %}{{ caller() }}{{ caller() }}{% endmacro %}{% set s %}xxxxxxxx{% endset %}",
+                "{% set s %}{% call twice() %}{{ s }}{% endcall %}{% endset %}",
+                40,
+                "{{ s|length }}",
+            ),
+            "macro output",
+        ),
+        (
+            "filter-block doubling",
+            straight(
+                "{% set s %}xxxxxxxx{% endset %}",
+                "{% set s %}{% filter trim %}{{ s }}{{ s }}{% endfilter %}{% endset %}",
+                40,
+                "{{ s|length }}",
+            ),
+            "captured block",
+        ),
+        (
+            "filter block fed by a loop",
+            "{% set s = 'x' * 1000000 %}{% filter upper %}{% for i in range(100000) %}{{ s }}{% endfor %}{% endfilter %}".into(),
+            "captured block",
+        ),
+        (
+            "nested loops of raw text in a capture",
+            format!(
+                "{{% set s %}}{{% for a in range(1000) %}}{{% for b in range(1000) %}}{}{{% endfor %}}{{% endfor %}}{{% endset %}}{{{{ s|length }}}}",
+                "x".repeat(100)
+            ),
+            "captured block",
+        ),
+        (
+            "nested loops of values in a capture",
+            "{% set s = 'x' * 100000 %}{% set out %}{% for a in range(1000) %}{% for b in range(1000) %}{{ s }}{% endfor %}{% endfor %}{% endset %}{{ out|length }}".into(),
+            "captured block",
+        ),
+        (
+            "recursion via macros",
+            "{% macro d(n) %}{% if n > 0 %}{{ d(n - 1) }}{{ d(n - 1) }}{% else %}{{ 'x' * 1000000 }}{% endif %}{% endmacro %}{{ d(6)|length }}".into(),
+            "macro output",
+        ),
+        (
+            "many large strings kept in a list",
+            "{% set ns = namespace(l=[]) %}{% for i in range(1000) %}{% set ns.l = ns.l + [('x' * 4000000) ~ i] %}{% endfor %}{{ ns.l|length }}".into(),
+            "",
+        ),
+        (
+            "many large strings kept in a namespace",
+            "{% set ns = namespace(a='', b='', c='', d='', e='', f='', g='', h='', i='', j='', k='', l='', m='', n='', o='', p='', q='', r='') %}{% set s = 'x' * 4000000 %}{% for i in range(1000) %}{% set ns.a = s ~ i %}{% set ns.b = s ~ i %}{% set ns.c = s ~ i %}{% set ns.d = s ~ i %}{% set ns.e = s ~ i %}{% set ns.f = s ~ i %}{% set ns.g = s ~ i %}{% set ns.h = s ~ i %}{% set ns.i = s ~ i %}{% set ns.j = s ~ i %}{% set ns.k = s ~ i %}{% set ns.l = s ~ i %}{% set ns.m = s ~ i %}{% set ns.n = s ~ i %}{% set ns.o = s ~ i %}{% set ns.p = s ~ i %}{% set ns.q = s ~ i %}{% set ns.r = s ~ i %}{% endfor %}".into(),
+            "in total",
+        ),
+        (
+            "one string shared a million times, then stringified",
+            "{% set s = 'x' * 4000000 %}{{ ([s] * 1000000)|upper|length }}".into(),
+            "`*`",
+        ),
+        (
+            "lazy list doubling, then stringified",
+            "{% set ns = namespace(l=['x' * 4000000]) %}{% for i in range(20) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|string|length }}".into(),
+            "`+`",
+        ),
+        (
+            "str.format repeating one argument",
+            "{% set s = 'x' * 4000000 %}{{ ('{0}' * 1000000).format(s)|length }}".into(),
+            "`format`",
+        ),
+        (
+            "printf width",
+            "{{ '%999999999999s'|format('x')|length }}".into(),
+            "`format`",
+        ),
+        (
+            "a folded constant",
+            "{{ ('x' * 90000000)|length }}".into(),
+            "constant",
+        ),
+    ];
+    for (route, source, what) in routes {
+        let (err, elapsed) = expect_size_limit(&source);
+        eprintln!("{route}: stopped in {elapsed:.2?}: {err}");
+        assert!(err.to_string().contains(what), "{route}: {err}");
+        // Tens of milliseconds in a debug build; generous for loaded CI machines.
+        assert!(elapsed.as_millis() < 5000, "{route}: took {elapsed:?}");
+    }
+}
+
+/// The output limit holds however the output is written: raw text in loops,
+/// values, macro output.
+#[test]
+fn output_limit_counts_every_byte() {
+    let limits = TemplateLimits {
+        max_output_bytes: 1000,
+        ..TemplateLimits::default()
+    };
+    for source in [
+        "{% for i in range(1001) %}x{% endfor %}",
+        "{% for i in range(101) %}{{ 'x' * 10 }}{% endfor %}",
+        "{% macro m() %}{{ 'x' * 600 }}{% endmacro %}{{ m() }}{{ m() }}",
+    ] {
+        let t = ChatTemplate::from_source("evil", source)
+            .unwrap()
+            .with_limits(limits);
+        let err = t.render(&[], false, "", "").unwrap_err();
+        assert!(
+            err.to_string().contains("output exceeds 1000 bytes"),
+            "{source}: {err}"
+        );
+    }
+    // Exactly at the limit is fine.
+    let t = ChatTemplate::from_source("ok", "{% for i in range(1000) %}x{% endfor %}")
+        .unwrap()
+        .with_limits(limits);
+    assert_eq!(t.render(&[], false, "", "").unwrap().len(), 1000);
+}
+
+#[test]
+fn sandbox_names_are_reserved() {
+    let err = ChatTemplate::from_source("evil", "{% set __flatrun_concat = 1 %}").unwrap_err();
+    assert!(matches!(err, TemplateError::Syntax { .. }), "{err}");
+}
+
+/// Captures, macros, call blocks, filter blocks, recursive loops and
+/// blocks still render what they always rendered under the sandbox.
+#[test]
+fn instrumented_templates_keep_their_output() {
+    let t = ChatTemplate::from_source(
+        "features",
+        "{% macro greet(name, punct='!') %}Hi {{ name }}{{ punct }}{% endmacro %}\
+         {% macro wrap() %}[{{ caller() }}]{% endmacro %}\
+         {% set block %}{{ greet('a') }} {{ greet('b', '?') }}{% endset %}\
+         {{ block }}|{% call wrap() %}in {{ 1 + 1 }}{% endcall %}|\
+         {% filter upper %}up {{ 'x' ~ 'y' }}{% endfilter %}|\
+         {% for m in messages if m.role == 'user' %}{{ loop.index }}:{{ m.content }}{% if not loop.last %},{% endif %}{% else %}none{% endfor %}|\
+         {% for node in [{'name': 'a', 'children': [{'name': 'b'}, {'name': 'c'}]}, {'name': 'd'}] recursive %}{{ node.name }}{% if node.children %}({{ loop(node.children) }}){% endif %}{% endfor %}|\
+         {% block b %}blk{% endblock %}|\
+         {% with w = 'with' %}{{ w }}{% endwith %}|\
+         {% raw %}{{ raw }}{% endraw %}|{{ [1, 2] + [3] }}|{{ 'ab' * 2 }}|{{ {'k': 'v'}|tojson }}",
+    )
+    .unwrap();
+    let out = t
+        .render(
+            &[
+                ChatMessage::new("system", "s"),
+                ChatMessage::new("user", "u1"),
+                ChatMessage::new("user", "u2"),
+            ],
+            false,
+            "",
+            "",
+        )
+        .unwrap();
+    assert_eq!(
+        out,
+        "Hi a! Hi b?|[in 2]|UP XY|1:u1,2:u2|a(bc)d|blk|with|{{ raw }}|[1, 2, 3]|abab|{\"k\": \"v\"}"
+    );
 }

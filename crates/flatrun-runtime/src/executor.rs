@@ -13,6 +13,7 @@
 //! output head, streamed in row chunks → logits
 //! ```
 
+use crate::chunk_stream::{file_bounds, ChunkPlan, ChunkStream, ChunkedKernels};
 use crate::error::{Result, RuntimeError};
 use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
@@ -163,6 +164,15 @@ pub struct StreamingExecutor {
     /// Capped residency: explicit reads of the streamed layers and head
     /// chunks into reused buffers (see `stream_reader.rs`).
     streamer: Option<StreamSchedule>,
+    /// Mapped, streamed matrices (every layer in `Stream` mode, and the head)
+    /// run in row chunks of a fixed byte budget, read ahead chunk by chunk
+    /// (see `chunk_stream.rs`).
+    chunks: Option<ChunkStream>,
+    /// `chunked_layer[i]`: layer `i`'s matrices are in the chunk plan.
+    chunked_layer: Vec<bool>,
+    /// Unless everything is kept: per backend file, the page-aligned span of
+    /// its tensors in the mapping (where pages may be released in blocks).
+    mapped_bounds: Vec<Range<usize>>,
     prefetch_depth: usize,
     /// Whether every layer has been faulted in once (resident layers then
     /// need no read-ahead).
@@ -328,6 +338,53 @@ impl StreamingExecutor {
             }
             _ => None,
         };
+        // Every other matrix that is neither kept nor read by the stream
+        // reader is mapped chunk by chunk, a fixed byte budget at a time.
+        let chunked_layer: Vec<bool> = (0..cfg.n_layer)
+            .map(|il| {
+                hybrid.is_none()
+                    && selection.runs(il)
+                    && dense.layer(il).is_none()
+                    && !residency.is_resident(il)
+                    && streamer.as_ref().is_none_or(|st| st.layer(il).is_none())
+            })
+            .collect();
+        let mut chunk_names: Vec<String> = chunked_layer
+            .iter()
+            .enumerate()
+            .filter(|(_, &chunked)| chunked)
+            .flat_map(|(il, _)| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
+            .collect();
+        if !residency.output_resident
+            && streamer
+                .as_ref()
+                .is_none_or(|st| st.head_chunks().is_empty())
+        {
+            chunk_names.push(manifest.output.name.clone());
+        }
+        // Unless everything is kept, drop what loading mapped (the norms and
+        // biases just copied, and the blocks the kernel faulted in around
+        // them): from here on only the weights in use are mapped.
+        let mapped_bounds = if opts.residency == crate::Residency::Resident {
+            Vec::new()
+        } else {
+            file_bounds(b)
+        };
+        for within in &mapped_bounds {
+            // SAFETY: `within` spans the tensors of one file, all slices of
+            // that file's one read-only mapping, which `backend` keeps alive.
+            unsafe { memory::release_span(within) };
+        }
+        let chunks = if chunk_names.is_empty() {
+            None
+        } else {
+            let plan = ChunkPlan::build(b, chunk_names, opts.stream_chunk_bytes)?;
+            let depth = match opts.prefetch {
+                Prefetch::Ahead { depth } => depth,
+                Prefetch::Off => 0,
+            };
+            Some(ChunkStream::start(backend.clone(), plan, depth))
+        };
         let ctx = opts
             .ctx
             .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
@@ -349,6 +406,9 @@ impl StreamingExecutor {
             residency,
             prefetcher,
             streamer,
+            chunks,
+            chunked_layer,
+            mapped_bounds,
             prefetch_depth,
             warmed: false,
             acquisitions: 0,
@@ -637,7 +697,8 @@ impl StreamingExecutor {
                 }
             } else if dense.is_none() {
                 // A kept layer is populated once; later steps find it mapped.
-                let populate = !self.faulted_in[il];
+                // A chunked layer is faulted in chunk by chunk by its matmuls.
+                let populate = !self.faulted_in[il] && !self.chunked_layer[il];
                 for name in &self.matrix_names[il] {
                     let h = open(backend.as_ref(), name)?;
                     if populate {
@@ -696,6 +757,19 @@ impl StreamingExecutor {
                     });
                 }
             }
+            // A chunked layer's matmuls fault in, use and drop one chunk
+            // of rows at a time.
+            let chunked = match (&self.chunks, self.chunked_layer[il] && dense.is_none()) {
+                (Some(stream), true) => Some(ChunkedKernels {
+                    inner: self.kernels.as_ref(),
+                    stream,
+                }),
+                _ => None,
+            };
+            let kernels: &dyn Kernels = match &chunked {
+                Some(k) => k,
+                None => self.kernels.as_ref(),
+            };
             // Run the layer for every token of the step.
             forward_layer(
                 &self.cfg,
@@ -704,14 +778,19 @@ impl StreamingExecutor {
                 hidden,
                 positions,
                 &mut segments,
-                self.kernels.as_ref(),
+                kernels,
                 &mut self.scratch,
                 &mut self.profiler,
             )?;
             drop(segments);
-            // Release: streamed layers give their pages (or read buffer) back.
+            if let Some(k) = &chunked {
+                // The matmuls' waits for their chunks are this layer's I/O wait.
+                self.profiler.record_io_wait(il, k.stream.take_io_wait());
+            }
+            // Release: streamed layers give their pages (or read buffer) back
+            // (chunked layers did, chunk by chunk).
             drop(matrices);
-            if streamed.is_none() && !self.residency.is_resident(il) {
+            if streamed.is_none() && chunked.is_none() && !self.residency.is_resident(il) {
                 for h in &handles {
                     memory::release(h.bytes());
                 }
@@ -796,6 +875,10 @@ impl StreamingExecutor {
             if next < n && (!self.selection.runs(next) || self.dense.layer(next).is_some()) {
                 continue;
             }
+            // Chunked layers are read ahead chunk by chunk (`chunk_stream.rs`).
+            if next < n && self.chunked_layer[next] {
+                continue;
+            }
             // Layers the stream reader reads are not mapped.
             if next < n
                 && self
@@ -831,6 +914,22 @@ impl StreamingExecutor {
                     tensor: self.manifest.embed.name.clone(),
                     source,
                 })?;
+        }
+        // Unless the table is kept (a resident or kept tied head), drop the
+        // looked-up rows' pages: over a long generation they would add up.
+        let kept = self.residency.output_resident
+            && (self.manifest.output_tied || self.residency.resident.iter().all(|&r| r));
+        if !kept {
+            if let Some(within) = self.mapped_bounds.get(h.info().file_index) {
+                for &id in ids {
+                    let r = id as usize;
+                    if let Ok(row) = w.row_range(r..r + 1) {
+                        // SAFETY: `within` is the span of the embedding's
+                        // file in its read-only mapping, alive with `self.backend`.
+                        unsafe { memory::release_blocks(row.data, within, false) };
+                    }
+                }
+            }
         }
         if let Some(scale) = self.cfg.embed_scale {
             hidden.iter_mut().for_each(|x| *x *= scale);
@@ -921,6 +1020,19 @@ impl StreamingExecutor {
                 self.profiler.record_other("matmul_head", t_mm.elapsed());
                 st.reader.release(read);
             }
+        } else if let Some(stream) = self.chunks.as_ref().filter(|c| c.plan().contains(name)) {
+            // A streamed head: row chunks of the chunk budget, read ahead,
+            // each faulted in, multiplied and released.
+            let t_mm = Instant::now();
+            let chunked = ChunkedKernels {
+                inner: self.kernels.as_ref(),
+                stream,
+            };
+            chunked.matmul(&w, x, m, logits).map_err(kernel_error)?;
+            let waited = stream.take_io_wait();
+            self.profiler.record_other("head_io_wait", waited);
+            self.profiler
+                .record_other("matmul_head", t_mm.elapsed().saturating_sub(waited));
         } else {
             // A streamed head: row chunks, each faulted in, used, released.
             let chunk_rows = head_chunk_rows(w.row_bytes());

@@ -22,6 +22,7 @@
 //! # }
 //! ```
 
+pub mod chunk_stream;
 pub mod error;
 pub mod executor;
 pub mod generate;

@@ -40,7 +40,35 @@ pub fn rss() -> RssSample {
     }
 }
 
-fn page_size() -> usize {
+/// Resident bytes of the process's mappings of `path` (the model file's
+/// weights mapped in right now), summed over `/proc/self/smaps`; `None`
+/// where that file is unavailable. Unlike [`RssSample::file`] this leaves
+/// out the executable and libraries: it is exactly the weights in flight.
+pub fn mapped_file_rss(path: &std::path::Path) -> Option<u64> {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
+    let target = std::fs::canonicalize(path).ok()?;
+    let target = target.to_str()?;
+    let mut in_target = false;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or("");
+        if first.contains('-') && first.chars().all(|c| c.is_ascii_hexdigit() || c == '-') {
+            // A mapping's header: `start-end perms offset dev inode [path]`.
+            in_target = fields.skip(4).collect::<Vec<_>>().join(" ") == target;
+        } else if in_target && first == "Rss:" {
+            total += fields
+                .next()
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1024;
+        }
+    }
+    Some(total)
+}
+
+/// The system page size.
+pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
     if p > 0 {
@@ -105,6 +133,63 @@ pub fn populate(bytes: &[u8]) {
 /// Start asynchronous read-ahead of `bytes` (`MADV_WILLNEED`).
 pub fn will_need(bytes: &[u8]) {
     flatrun_format::mem::advise_willneed(bytes);
+}
+
+/// Bytes around a faulting page that the kernel maps along with it from
+/// the page cache ("fault-around", `fault_around_bytes`, 64 KiB by default):
+/// touching one page of a file mapping may map the whole aligned block
+/// around it, so releases that must leave nothing behind work in such blocks.
+pub const FAULT_AROUND_BYTES: usize = 64 << 10;
+
+/// The release granularity: fault-around blocks (at least a page).
+pub fn release_block() -> usize {
+    FAULT_AROUND_BYTES.max(page_size()) / page_size() * page_size()
+}
+
+/// Drop the pages of the fault-around blocks covering `bytes`, clipped to
+/// `within` (page-aligned addresses that are all part of the same read-only
+/// file mapping as `bytes`). With `keep_tail`, the block holding the last
+/// byte stays when `bytes` ends inside it: the bytes after belong to what
+/// comes next (maybe mapped already, and dropping it would make its next
+/// touch fault a whole block back in); whoever uses them releases that block.
+///
+/// # Safety
+/// `within` must lie inside one live, read-only, file-backed mapping (as the
+/// spans of [`crate::chunk_stream::file_bounds`] do while their backend lives).
+pub unsafe fn release_blocks(bytes: &[u8], within: &std::ops::Range<usize>, keep_tail: bool) {
+    if bytes.is_empty() {
+        return;
+    }
+    let block = release_block();
+    let first = bytes.as_ptr() as usize;
+    let last = first + bytes.len();
+    let start = first / block * block;
+    let end = if keep_tail {
+        last / block * block
+    } else {
+        last.div_ceil(block) * block
+    };
+    // SAFETY: clipped to `within`, which the caller vouches for.
+    unsafe { release_span(&(start.max(within.start)..end.min(within.end))) };
+}
+
+/// Drop every page of `span` (page-aligned addresses).
+///
+/// # Safety
+/// `span` must lie inside one live, read-only, file-backed mapping (e.g. a
+/// span of [`crate::chunk_stream::file_bounds`] while its backend lives).
+pub unsafe fn release_span(span: &std::ops::Range<usize>) {
+    let page = page_size();
+    if span.end <= span.start || span.start % page != 0 {
+        return;
+    }
+    let (start, end) = (span.start, span.end);
+    // SAFETY: the caller guarantees `start..end` lies in one live, read-only,
+    // file-backed mapping; DONTNEED on it drops page-table entries only (the
+    // next read faults the same file bytes back in), never data.
+    unsafe {
+        libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+    }
 }
 
 /// Drop the mapping's pages covering `bytes` (`MADV_DONTNEED`), whatever

@@ -126,6 +126,11 @@ pub struct LoadOptions {
     pub weights: crate::weights_override::WeightsMode,
     /// Run only these decoder layers (`None`: all).
     pub layers: Option<crate::layer_range::LayerSelection>,
+    /// Streamed matrices (every layer in `Stream` mode, the head too) are
+    /// mapped in row chunks of at most this many bytes, `prefetch` depth
+    /// chunks ahead: at most `(depth + 1) × stream_chunk_bytes` of weights are
+    /// resident at once, however large a layer is (see `chunk_stream.rs`).
+    pub stream_chunk_bytes: usize,
 }
 
 impl Default for LoadOptions {
@@ -142,6 +147,7 @@ impl Default for LoadOptions {
             trace_memory: false,
             weights: crate::weights_override::WeightsMode::Keep,
             layers: None,
+            stream_chunk_bytes: crate::chunk_stream::DEFAULT_CHUNK_BYTES,
         }
     }
 }

@@ -23,8 +23,15 @@ pub(crate) type F32Rows = fn(GgmlType, &[u8], usize, &[&[f32]], &mut [f32]);
 pub(crate) struct Dispatch {
     pub q8: Q8Rows,
     pub q8k: Q8KRows,
+    /// `q8k` for calls of [`WIDE_CALL_TOKENS`] tokens or more, in the float order ggml uses
+    /// for them (its tiled K-quant matmul); the same function where no such order is kept.
+    pub q8k_wide: Q8KRows,
     pub f32: F32Rows,
 }
+
+/// From this many tokens per call llama.cpp's CPU backend multiplies non-repacked K-quant
+/// weights with its tiled kernels instead of `vec_dot` (`ggml_tiled_min_batch`).
+pub(crate) const WIDE_CALL_TOKENS: usize = 8;
 
 impl std::fmt::Debug for Dispatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -69,6 +76,7 @@ impl Dispatch {
         let scalar = Dispatch {
             q8: scalar_q8,
             q8k: scalar_q8k,
+            q8k_wide: scalar_q8k,
             f32: scalar_f32,
         };
         match level {
@@ -76,25 +84,36 @@ impl Dispatch {
             SimdLevel::Avx2 => Dispatch {
                 q8: super::x86::avx2::rows_q8,
                 q8k: super::x86::avx2::rows_q8k,
+                q8k_wide: super::x86::avx2::rows_q8k_wide,
                 f32: super::x86::avx2::rows_f32,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => Dispatch {
                 q8: super::x86::avx512::rows_q8,
                 q8k: super::x86::avx512::rows_q8k,
+                q8k_wide: super::x86::avx512::rows_q8k_wide,
                 f32: super::x86::avx512::rows_f32,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512Vnni => Dispatch {
                 q8: super::x86::vnni::rows_q8,
                 q8k: super::x86::vnni::rows_q8k,
+                q8k_wide: super::x86::vnni::rows_q8k_wide,
                 f32: super::x86::vnni::rows_f32,
             },
             #[cfg(target_arch = "aarch64")]
-            SimdLevel::Neon | SimdLevel::NeonDot => Dispatch {
-                q8: super::arm::rows_q8,
-                q8k: super::arm::rows_q8k,
-                f32: super::arm::rows_f32,
+            SimdLevel::Neon => Dispatch {
+                q8: super::arm::neon::rows_q8,
+                q8k: super::arm::neon::rows_q8k,
+                q8k_wide: super::arm::neon::rows_q8k,
+                f32: super::arm::neon::rows_f32,
+            },
+            #[cfg(target_arch = "aarch64")]
+            SimdLevel::NeonDot => Dispatch {
+                q8: super::arm::dotprod::rows_q8,
+                q8k: super::arm::dotprod::rows_q8k,
+                q8k_wide: super::arm::dotprod::rows_q8k,
+                f32: super::arm::dotprod::rows_f32,
             },
             _ => scalar,
         }

@@ -10,6 +10,7 @@
 #[cfg(target_arch = "aarch64")]
 mod arm;
 mod dispatch;
+mod mlx_affine;
 pub mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -33,6 +34,8 @@ const TOKEN_TILE: usize = 4;
 const ROW_GROUP_BYTES: usize = 192 * 1024;
 /// Rows per kernel call in the GEMM path (their tile outputs go through a stack buffer).
 const TILE_ROWS: usize = 64;
+/// Most matrices [`NativeKernels::matmul_many`] runs as one pool job (Q, K, V; gate, up).
+const MAX_SHARED_JOB: usize = 4;
 
 /// Fused kernels at one SIMD level.
 #[derive(Debug)]
@@ -50,6 +53,8 @@ enum Partner {
     Q8K,
     /// Float dots against the f32 activations.
     F32,
+    /// MLX affine 4/8-bit against Q8 blocks of 32 (`mlx_affine`).
+    MlxQ8,
     /// No fused kernel: decode the row to f32, then a float dot.
     DecodeRow,
 }
@@ -60,6 +65,7 @@ fn partner(format: WeightFormat) -> Partner {
         WeightFormat::Ggml(Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q1_0) => Partner::Q8,
         WeightFormat::Ggml(Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS) => Partner::Q8K,
         WeightFormat::Ggml(F32 | F16 | BF16) => Partner::F32,
+        WeightFormat::MlxAffine { .. } => mlx_affine::partner(format).unwrap_or(Partner::DecodeRow),
         _ => Partner::DecodeRow,
     }
 }
@@ -116,54 +122,100 @@ impl NativeKernels {
         out: &mut [f32],
         kernel: impl Fn(&[u8], &[&[A]], &mut [f32]) + Sync,
     ) {
+        let split = RowSplit::new(w);
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let work = |c: usize| split.run(c, w, acts, acts_per_token, n_tokens, out_ptr, &kernel);
+        if split.n_chunks <= 1 || crate::threads::threads() <= 1 {
+            (0..split.n_chunks).for_each(work);
+        } else {
+            crate::threads::parallel_for(split.n_chunks, &work);
+        }
+    }
+
+    /// The Q8_K kernel for a call of `n_tokens` tokens (ggml sums wide calls in
+    /// another float order: its tiled K-quant kernels).
+    fn q8k_kernel(&self, n_tokens: usize) -> dispatch::Q8KRows {
+        if n_tokens >= dispatch::WIDE_CALL_TOKENS {
+            self.dispatch.q8k_wide
+        } else {
+            self.dispatch.q8k
+        }
+    }
+}
+
+/// How the rows of one matrix are cut into pool tasks.
+#[derive(Clone, Copy, Debug)]
+struct RowSplit {
+    /// Rows per task (the last one may be shorter).
+    chunk: usize,
+    /// Number of tasks.
+    n_chunks: usize,
+    /// Rows per L2-sized group walked by every token tile (GEMM).
+    group: usize,
+}
+
+impl RowSplit {
+    fn new(w: &Weight) -> RowSplit {
         let rows = w.rows;
         let rb = w.row_bytes().max(1);
-        let out_ptr = OutPtr(out.as_mut_ptr());
         let n_threads = crate::threads::threads();
         // Enough chunks for the atomic hand-out to balance the threads, each big enough
         // (≥ 16 rows and ≥ 16 KiB of weights) that handing it out is cheap.
         let min_rows = (16 * 1024 / rb).max(16);
-        let chunk = rows.div_ceil(n_threads * 4).max(min_rows).min(rows);
-        let n_chunks = rows.div_ceil(chunk);
-        let group = (ROW_GROUP_BYTES / rb).clamp(1, chunk);
-        let work = |c: usize| {
-            let (r0, r1) = (c * chunk, ((c + 1) * chunk).min(rows));
-            if n_tokens == 1 {
-                // GEMV: the kernel writes straight into this chunk's outputs.
-                // SAFETY: rows r0..r1 are inside the `rows`-long output checked by
-                // `check_matmul`, and only this chunk writes them.
-                let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(r0), r1 - r0) };
-                kernel(&w.data[r0 * rb..r1 * rb], &[&acts[..acts_per_token]], o);
-                return;
-            }
-            let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
-            for g0 in (r0..r1).step_by(group) {
-                let g1 = (g0 + group).min(r1);
-                for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
-                    let nt = TOKEN_TILE.min(n_tokens - t0);
-                    let tile: [&[A]; TOKEN_TILE] = std::array::from_fn(|k| {
-                        let t = (t0 + k).min(n_tokens - 1);
-                        &acts[t * acts_per_token..(t + 1) * acts_per_token]
-                    });
-                    for s0 in (g0..g1).step_by(TILE_ROWS) {
-                        let s1 = (s0 + TILE_ROWS).min(g1);
-                        let o = &mut tile_out[..(s1 - s0) * nt];
-                        kernel(&w.data[s0 * rb..s1 * rb], &tile[..nt], o);
-                        for (r, vals) in (s0..s1).zip(o.chunks_exact(nt)) {
-                            for (k, &v) in vals.iter().enumerate() {
-                                // SAFETY: (t0+k, r) is inside the n_tokens × rows output
-                                // checked by `check_matmul`, and only this chunk writes row r.
-                                unsafe { *out_ptr.at((t0 + k) * rows + r) = v };
-                            }
+        let chunk = rows.div_ceil(n_threads * 4).max(min_rows).min(rows).max(1);
+        RowSplit {
+            chunk,
+            n_chunks: rows.div_ceil(chunk),
+            group: (ROW_GROUP_BYTES / rb).clamp(1, chunk),
+        }
+    }
+
+    /// Task `c`: rows `c·chunk ..` of `w` against every token.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    fn run<A>(
+        &self,
+        c: usize,
+        w: &Weight,
+        acts: &[A],
+        acts_per_token: usize,
+        n_tokens: usize,
+        out_ptr: OutPtr,
+        kernel: &(impl Fn(&[u8], &[&[A]], &mut [f32]) + ?Sized),
+    ) {
+        let rows = w.rows;
+        let rb = w.row_bytes().max(1);
+        let (r0, r1) = (c * self.chunk, ((c + 1) * self.chunk).min(rows));
+        if n_tokens == 1 {
+            // GEMV: the kernel writes straight into this chunk's outputs.
+            // SAFETY: rows r0..r1 are inside the `rows`-long output checked by
+            // `check_matmul`, and only this chunk writes them.
+            let o = unsafe { std::slice::from_raw_parts_mut(out_ptr.at(r0), r1 - r0) };
+            kernel(&w.data[r0 * rb..r1 * rb], &[&acts[..acts_per_token]], o);
+            return;
+        }
+        let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
+        for g0 in (r0..r1).step_by(self.group) {
+            let g1 = (g0 + self.group).min(r1);
+            for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
+                let nt = TOKEN_TILE.min(n_tokens - t0);
+                let tile: [&[A]; TOKEN_TILE] = std::array::from_fn(|k| {
+                    let t = (t0 + k).min(n_tokens - 1);
+                    &acts[t * acts_per_token..(t + 1) * acts_per_token]
+                });
+                for s0 in (g0..g1).step_by(TILE_ROWS) {
+                    let s1 = (s0 + TILE_ROWS).min(g1);
+                    let o = &mut tile_out[..(s1 - s0) * nt];
+                    kernel(&w.data[s0 * rb..s1 * rb], &tile[..nt], o);
+                    for (r, vals) in (s0..s1).zip(o.chunks_exact(nt)) {
+                        for (k, &v) in vals.iter().enumerate() {
+                            // SAFETY: (t0+k, r) is inside the n_tokens × rows output
+                            // checked by `check_matmul`, and only this chunk writes row r.
+                            unsafe { *out_ptr.at((t0 + k) * rows + r) = v };
                         }
                     }
                 }
             }
-        };
-        if n_chunks <= 1 || n_threads <= 1 {
-            (0..n_chunks).for_each(work);
-        } else {
-            crate::threads::parallel_for(n_chunks, &work);
         }
     }
 }
@@ -187,6 +239,7 @@ impl Kernels for NativeKernels {
         let cols = w.cols;
         let d = self.dispatch;
         match (partner(w.format), w.format) {
+            (Partner::MlxQ8, _) => self.matmul_mlx(w, x, n_tokens, out)?,
             (Partner::Q8, WeightFormat::Ggml(t)) => {
                 // Quantize every token's activations once, into the reused buffer.
                 let mut acts = ACTS_Q8.with(|c| c.take());
@@ -205,8 +258,9 @@ impl Kernels for NativeKernels {
                 acts.resize(n_tokens * cols / QK_K, BlockQ8K::default());
                 quantize_q8k(x, &mut acts);
                 let rb = w.row_bytes();
+                let q8k = self.q8k_kernel(n_tokens);
                 self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |rows, tile, o| {
-                    (d.q8k)(t, rows, rb, tile, o)
+                    q8k(t, rows, rb, tile, o)
                 });
                 ACTS_Q8K.with(|c| c.replace(acts));
             }
@@ -263,6 +317,123 @@ impl Kernels for NativeKernels {
                 }
             }
         }
+        Ok(())
+    }
+
+    fn matmul_many(
+        &self,
+        ws: &[&Weight],
+        x: &[f32],
+        n_tokens: usize,
+        outs: &mut [&mut [f32]],
+    ) -> Result<(), KernelError> {
+        // Integer-dot formats and F32 share one job; anything else goes one matrix at a time.
+        let shared = |w: &&Weight| {
+            matches!(
+                (partner(w.format), w.format),
+                (Partner::Q8 | Partner::Q8K, WeightFormat::Ggml(_))
+                    | (Partner::F32, WeightFormat::Ggml(GgmlType::F32))
+            )
+        };
+        let cols = ws.first().map_or(0, |w| w.cols);
+        if let (Some(w), true) = (ws.first(), ws.len() != outs.len()) {
+            return Err(KernelError::BufferLength {
+                format: w.format.to_string(),
+                rows: w.rows,
+                cols: w.cols,
+                what: "output list",
+                expected: ws.len(),
+                got: outs.len(),
+            });
+        }
+        if ws.len() > MAX_SHARED_JOB
+            || n_tokens == 0
+            || !ws.iter().all(|w| shared(w) && w.cols == cols)
+        {
+            for (w, out) in ws.iter().zip(outs.iter_mut()) {
+                self.matmul(w, x, n_tokens, out)?;
+            }
+            return Ok(());
+        }
+        for (w, out) in ws.iter().zip(outs.iter()) {
+            check_matmul(w, x, n_tokens, out)?;
+        }
+        // Quantize the activations once per dot partner the matrices need.
+        let needs = |p: fn(Partner) -> bool| ws.iter().any(|w| p(partner(w.format)));
+        let mut q8 = ACTS_Q8.with(|c| c.take());
+        if needs(|p| matches!(p, Partner::Q8)) {
+            q8.clear();
+            q8.resize(n_tokens * cols / QK8, BlockQ8::default());
+            quantize_q8(x, &mut q8);
+        }
+        let mut q8k = ACTS_Q8K.with(|c| c.take());
+        if needs(|p| matches!(p, Partner::Q8K)) {
+            q8k.clear();
+            q8k.resize(n_tokens * cols / QK_K, BlockQ8K::default());
+            quantize_q8k(x, &mut q8k);
+        }
+        // Task g of the joint job is chunk g − first[i] of matrix i.
+        let mut splits = [RowSplit {
+            chunk: 1,
+            n_chunks: 0,
+            group: 1,
+        }; MAX_SHARED_JOB];
+        let mut first = [0usize; MAX_SHARED_JOB + 1];
+        let mut out_ptrs = [OutPtr(std::ptr::null_mut()); MAX_SHARED_JOB];
+        for (i, (w, out)) in ws.iter().zip(outs.iter_mut()).enumerate() {
+            splits[i] = RowSplit::new(w);
+            first[i + 1] = first[i] + splits[i].n_chunks;
+            out_ptrs[i] = OutPtr(out.as_mut_ptr());
+        }
+        let total = first[ws.len()];
+        let (d, q8k_rows) = (self.dispatch, self.q8k_kernel(n_tokens));
+        let (q8_acts, q8k_acts) = (&q8[..], &q8k[..]);
+        let task = |g: usize| {
+            let i = (0..ws.len()).rfind(|&i| first[i] <= g).unwrap_or(0);
+            let (w, c) = (ws[i], g - first[i]);
+            let WeightFormat::Ggml(t) = w.format else {
+                return;
+            };
+            let rb = w.row_bytes();
+            match partner(w.format) {
+                Partner::Q8 => splits[i].run(
+                    c,
+                    w,
+                    q8_acts,
+                    cols / QK8,
+                    n_tokens,
+                    out_ptrs[i],
+                    &|rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o),
+                ),
+                Partner::Q8K => splits[i].run(
+                    c,
+                    w,
+                    q8k_acts,
+                    cols / QK_K,
+                    n_tokens,
+                    out_ptrs[i],
+                    &|rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| {
+                        q8k_rows(t, rows, rb, tile, o)
+                    },
+                ),
+                _ => splits[i].run(
+                    c,
+                    w,
+                    x,
+                    cols,
+                    n_tokens,
+                    out_ptrs[i],
+                    &|rows: &[u8], tile: &[&[f32]], o: &mut [f32]| (d.f32)(t, rows, rb, tile, o),
+                ),
+            }
+        };
+        if total <= 1 || crate::threads::threads() <= 1 {
+            (0..total).for_each(task);
+        } else {
+            crate::threads::parallel_for(total, &task);
+        }
+        ACTS_Q8.with(|c| c.replace(q8));
+        ACTS_Q8K.with(|c| c.replace(q8k));
         Ok(())
     }
 

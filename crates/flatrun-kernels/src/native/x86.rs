@@ -54,6 +54,29 @@ macro_rules! tile {
     }};
 }
 
+/// One token over a group of legacy-format rows: two rows per `legacy_gemv2` call (an
+/// odd last row through `legacy_n::<.., 1>`); otherwise the token tiles of [`tile!`].
+macro_rules! legacy_rows {
+    ($t:expr, $ts:expr; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
+        let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
+        if acts.len() == 1 {
+            let n = rows.len() / rb;
+            // SAFETY: the caller (dispatch) checked the host supports this module's
+            // features, and `checked` verified every slice the kernel indexes.
+            unsafe {
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    legacy_gemv2::<$t, $ts>(&pair[..rb], &pair[rb..], acts[0], o);
+                }
+                if n % 2 == 1 {
+                    legacy_n::<$t, $ts, 1>(&rows[(n - 1) * rb..], acts, &mut out[n - 1..n]);
+                }
+            }
+        } else {
+            tile!(legacy_n, $t, $ts; rows, rb, acts, out)
+        }
+    }};
+}
+
 macro_rules! x86_kernels {
     ($level:ident, $features:literal, $mul_sum:path) => {
         /// Kernels compiled for one x86 feature set.
@@ -185,20 +208,45 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// One legacy block × one Q8 block: the scaled products (8 lanes) and the min term.
-            #[inline]
+            /// One token × two rows of legacy format `T` (32-value blocks of `TS` bytes). Each row
+            /// is ggml's single chain `acc = fma(d_w·d_a, Σ q_w·q_a, acc)`, then `hsum(acc) + Σ m·s`
+            /// (the mins also by FMA, as GCC compiles `summs += m·s`), bit for bit
+            /// `ggml_vec_dot_*_q8_*`; the two independent rows hide the FMA latency of one chain.
             #[target_feature(enable = $features)]
-            unsafe fn legacy_step<const T: u32>(b: *const u8, a: &BlockQ8, table: __m256i) -> (__m256, f32) {
+            unsafe fn legacy_gemv2<const T: u32, const TS: usize>(r0: &[u8], r1: &[u8], a: &[BlockQ8], out: &mut [f32]) {
                 let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
-                let (qx, dw, mw) = legacy_block::<T>(b, table);
-                let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let p = if unsigned {
-                    $mul_sum(qx, ay)
-                } else {
-                    $mul_sum(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(ay, qx))
-                };
-                let scaled = _mm256_mul_ps(_mm256_set1_ps(dw * a.d), _mm256_cvtepi32_ps(p));
-                (scaled, if unsigned { mw * a.s } else { 0.0 })
+                let table = iq4nl_table();
+                let nb = r0.len() / TS;
+                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let (mut min0, mut min1) = (0f32, 0f32);
+                for i in 0..nb {
+                    // Ask for the next pair of rows' block while this one computes: rows larger
+                    // than the caches (the output head) stream from memory at about twice the
+                    // rate (a hint only: it never faults, and changes no value).
+                    let ahead = r0.as_ptr().wrapping_add(i * TS + 2 * r0.len());
+                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(r0.len()) as *const i8);
+                    let ab = a.get_unchecked(i);
+                    let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                    let (q0, d0, m0) = legacy_block::<T>(r0.as_ptr().add(i * TS), table);
+                    let (q1, d1, m1) = legacy_block::<T>(r1.as_ptr().add(i * TS), table);
+                    let (p0, p1) = if unsigned {
+                        ($mul_sum(q0, ay), $mul_sum(q1, ay))
+                    } else {
+                        (
+                            $mul_sum(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(ay, q0)),
+                            $mul_sum(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(ay, q1)),
+                        )
+                    };
+                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * ab.d), _mm256_cvtepi32_ps(p0), acc0);
+                    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * ab.d), _mm256_cvtepi32_ps(p1), acc1);
+                    if unsigned {
+                        min0 = m0.mul_add(ab.s, min0);
+                        min1 = m1.mul_add(ab.s, min1);
+                    }
+                }
+                out[0] = hsum(acc0) + min0;
+                out[1] = hsum(acc1) + min1;
             }
 
             /// Legacy format `T` (32-value blocks of `TS` bytes) × a tile of `N` Q8 token rows.
@@ -212,28 +260,6 @@ macro_rules! x86_kernels {
                 let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
                 let table = iq4nl_table();
                 let nb = row.len() / TS;
-                if N == 1 {
-                    // One token: two accumulators over even/odd blocks halve the FMA chain.
-                    let a = acts.get_unchecked(0);
-                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                    let mut mins = 0f32;
-                    let mut i = 0;
-                    while i + 1 < nb {
-                        let (p0, m0) = legacy_step::<T>(row.as_ptr().add(i * TS), a.get_unchecked(i), table);
-                        let (p1, m1) = legacy_step::<T>(row.as_ptr().add((i + 1) * TS), a.get_unchecked(i + 1), table);
-                        acc0 = _mm256_add_ps(acc0, p0);
-                        acc1 = _mm256_add_ps(acc1, p1);
-                        mins += m0 + m1;
-                        i += 2;
-                    }
-                    if i < nb {
-                        let (p0, m0) = legacy_step::<T>(row.as_ptr().add(i * TS), a.get_unchecked(i), table);
-                        acc0 = _mm256_add_ps(acc0, p0);
-                        mins += m0;
-                    }
-                    out[0] = hsum(_mm256_add_ps(acc0, acc1)) + mins;
-                    return;
-                }
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut mins = [0f32; N];
                 for i in 0..nb {
@@ -248,7 +274,8 @@ macro_rules! x86_kernels {
                         let p = _mm256_cvtepi32_ps($mul_sum(ax, sy));
                         acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(dw * a.d), p, acc[t]);
                         if unsigned {
-                            mins[t] += mw * a.s;
+                            // ggml's `summs += m·s` is compiled to one FMA.
+                            mins[t] = mw.mul_add(a.s, mins[t]);
                         }
                     }
                 }
@@ -337,18 +364,57 @@ macro_rules! x86_kernels {
                 _mm_cvtss_f32(s)
             }
 
-            /// Q4_K × a tile of `N` Q8_K token rows.
+            /// Horizontal sum of 8 i32 lanes (exact).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum_i32(v: __m256i) -> i32 {
+                hsum128_i32(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)))
+            }
+
+            /// Horizontal sum of 4 i32 lanes (exact).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum128_i32(v: __m128i) -> i32 {
+                let s = _mm_add_epi32(v, _mm_shuffle_epi32(v, 0b01_00_11_10));
+                let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+                _mm_cvtsi128_si32(s)
+            }
+
+            /// The lane sums of four 8-lane i32 vectors, as four i32 lanes `[Σv0, Σv1, Σv2, Σv3]` (exact).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn hsum4_i32(v: [__m256i; 4]) -> __m128i {
+                let h = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+                _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1))
+            }
+
+            /// One K-quant block's contribution in the float order of ggml's tiled K-quant matmul
+            /// (`tiled/tiled-kernel.cpp`, which llama.cpp uses for calls of ≥ 8 tokens):
+            /// `acc = fma(d_w·Σscale·q·a − dmin_w·Σmin·bsum, d_a, acc)`, the difference fused.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn tiled_step(acc: f32, isum: i32, imin: i32, d: f32, dmin: f32, da: f32) -> f32 {
+                let res = d * isum as f32;
+                (-dmin).mul_add(imin as f32, res).mul_add(da, acc)
+            }
+
+            /// Q4_K × a tile of `N` Q8_K token rows, in the float order of ggml's repacked Q4_K
+            /// kernels (on AVX2 llama.cpp repacks Q4_K weights whose row count is a multiple of 8
+            /// at load): a full tile of 4 tokens as `ggml_gemm_q4_K_8x8_q8_K`, one FMA per 64
+            /// values into a scale and a min accumulator; fewer tokens as
+            /// `ggml_gemv_q4_K_8x8_q8_K`, one FMA per 256 values. Output: scale sum − min sum.
             #[target_feature(enable = $features)]
             unsafe fn q4_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 144;
                 let m4 = _mm256_set1_epi8(0x0F);
-                let mut acc = [_mm256_setzero_ps(); N];
-                let mut acc_m = [_mm_setzero_ps(); N];
+                let mut acc = [0f32; N];
+                let mut acc_m = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 144);
                     let (d, dmin) = f16_pair(b);
                     let (scales, mins) = k4_scales_mins(b.add(4));
-                    let mut sumi = [_mm256_setzero_si256(); N];
+                    // Integer sums of each 64-value chunk, per token (8 lanes each).
+                    let mut chunk = [[_mm256_setzero_si256(); 4]; N];
                     for c in 0..4 {
                         // 64 values: low nibbles (scale 2c), then high nibbles (scale 2c+1).
                         let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
@@ -358,31 +424,45 @@ macro_rules! x86_kernels {
                         let s_hi = k4_scale(scales, 2 * c + 1);
                         for t in 0..N {
                             let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(64 * c);
-                            let p = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
-                            sumi[t] = _mm256_add_epi32(sumi[t], p);
+                            chunk[t][c] = _mm256_add_epi32(scaled_dot(lo, a, s_lo), scaled_dot(hi, a.add(32), s_hi));
                         }
                     }
                     for t in 0..N {
-                        // The mins term through the activations' group sums, then the block's scale.
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let m = _mm_cvtepi32_ps(k4_min_products(mins, a));
-                        acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin * a.d), m, acc_m[t]);
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        let (dd, dm) = (d * a.d, dmin * a.d);
+                        // The mins against the activations' group sums, one lane per 64-value chunk.
+                        let mins4 = k4_min_products(mins, a);
+                        if N == 4 {
+                            let mut s = [0f32; 4];
+                            let mut m = [0f32; 4];
+                            _mm_storeu_ps(s.as_mut_ptr(), _mm_cvtepi32_ps(hsum4_i32(chunk[t])));
+                            _mm_storeu_ps(m.as_mut_ptr(), _mm_cvtepi32_ps(mins4));
+                            for c in 0..4 {
+                                acc[t] = s[c].mul_add(dd, acc[t]);
+                                acc_m[t] = m[c].mul_add(dm, acc_m[t]);
+                            }
+                        } else {
+                            let c = &chunk[t];
+                            let all = _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+                            acc[t] = (hsum_i32(all) as f32).mul_add(dd, acc[t]);
+                            acc_m[t] = (hsum128_i32(mins4) as f32).mul_add(dm, acc_m[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - hsum128(acc_m[t]);
+                    out[t] = acc[t] - acc_m[t];
                 }
             }
 
-            /// Q5_K × a tile of `N` Q8_K token rows.
+            /// Q5_K × a tile of `N` Q8_K token rows (`WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
-            unsafe fn q5_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            unsafe fn q5_k_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 176;
                 let m4 = _mm256_set1_epi8(0x0F);
                 let one = _mm256_set1_epi8(1);
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut acc_m = [_mm_setzero_ps(); N];
+                let mut acc_s = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 176);
                     let (d, dmin) = f16_pair(b);
@@ -407,23 +487,31 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let m = _mm_cvtepi32_ps(k4_min_products(mins, a));
-                        acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin * a.d), m, acc_m[t]);
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        let mp = k4_min_products(mins, a);
+                        if WIDE {
+                            acc_s[t] = tiled_step(acc_s[t], hsum_i32(sumi[t]), hsum128_i32(mp), d, dmin, a.d);
+                        } else {
+                            let m = _mm_cvtepi32_ps(mp);
+                            acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin * a.d), m, acc_m[t]);
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - hsum128(acc_m[t]);
+                    out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) - hsum128(acc_m[t]) };
                 }
             }
 
             /// Q6_K × a tile of `N` Q8_K token rows. Values are used unsigned (0..64) and
             /// the −32 offset is taken off once per block through the activations' group sums.
+            /// Float order: `ggml_vec_dot_q6_K_q8_K` (8 lanes, one FMA per block, then a
+            /// horizontal sum), or with `WIDE` ggml's tiled matmul (one scalar chain, see `tiled_step`).
             #[target_feature(enable = $features)]
-            unsafe fn q6_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            unsafe fn q6_k_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 210;
                 let m4 = _mm256_set1_epi8(0x0F);
                 let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc_s = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 210);
                     let d = f16_after(b.add(208));
@@ -474,17 +562,21 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        if WIDE {
+                            acc_s[t] = tiled_step(acc_s[t], hsum_i32(sumi[t]), 0, d, 0.0, a.d);
+                        } else {
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]);
+                    out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) };
                 }
             }
 
-            /// Q2_K × a tile of `N` Q8_K token rows.
+            /// Q2_K × a tile of `N` Q8_K token rows (`WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
-            unsafe fn q2_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            unsafe fn q2_k_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 84;
                 let m3 = _mm256_set1_epi8(3);
                 let mut acc = [_mm256_setzero_ps(); N];
@@ -514,22 +606,29 @@ macro_rules! x86_kernels {
                         for g in 0..16 {
                             summ += (sc[g] >> 4) as i32 * a.bsums[g] as i32;
                         }
-                        mins[t] += dmin * a.d * summ as f32;
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        if WIDE {
+                            mins[t] = tiled_step(mins[t], hsum_i32(sumi[t]), summ, d, dmin, a.d);
+                        } else {
+                            mins[t] += dmin * a.d * summ as f32;
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]) - mins[t];
+                    // WIDE: the whole result is in `mins` (see `tiled_step`).
+                    out[t] = if WIDE { mins[t] } else { hsum(acc[t]) - mins[t] };
                 }
             }
 
-            /// Q3_K × a tile of `N` Q8_K token rows (values used as 0..8, offset 4 removed via group sums).
+            /// Q3_K × a tile of `N` Q8_K token rows (values used as 0..8, offset 4 removed via group
+            /// sums; `WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
-            unsafe fn q3_k_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            unsafe fn q3_k_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 110;
                 let m3 = _mm256_set1_epi8(3);
                 let one = _mm256_set1_epi8(1);
                 let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc_s = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 110);
                     let d = f16_after(b.add(108));
@@ -564,11 +663,15 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        if WIDE {
+                            acc_s[t] = tiled_step(acc_s[t], hsum_i32(sumi[t]), 0, d, 0.0, a.d);
+                        } else {
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]);
+                    out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) };
                 }
             }
 
@@ -590,12 +693,13 @@ macro_rules! x86_kernels {
                 _mm_sub_epi8(v, _mm_set1_epi8(32))
             }
 
-            /// IQ4_XS × a tile of `N` Q8_K token rows.
+            /// IQ4_XS × a tile of `N` Q8_K token rows (`WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
-            unsafe fn iq4_xs_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            unsafe fn iq4_xs_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 let nb = row.len() / 136;
                 let table = iq4nl_table();
                 let mut acc = [_mm256_setzero_ps(); N];
+                let mut acc_s = [0f32; N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 136);
                     let d = f16_at(b);
@@ -616,11 +720,15 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        if WIDE {
+                            acc_s[t] = tiled_step(acc_s[t], hsum_i32(sumi[t]), 0, d, 0.0, a.d);
+                        } else {
+                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+                        }
                     }
                 }
                 for t in 0..N {
-                    out[t] = hsum(acc[t]);
+                    out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) };
                 }
             }
 
@@ -716,29 +824,40 @@ macro_rules! x86_kernels {
                 const Q8_0: u32 = GgmlType::Q8_0 as u32;
                 const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
                 match t {
-                    GgmlType::Q4_0 => tile!(legacy_n, Q4_0, 18; rows, rb, acts, out),
-                    GgmlType::Q4_1 => tile!(legacy_n, Q4_1, 20; rows, rb, acts, out),
-                    GgmlType::Q5_0 => tile!(legacy_n, Q5_0, 22; rows, rb, acts, out),
-                    GgmlType::Q5_1 => tile!(legacy_n, Q5_1, 24; rows, rb, acts, out),
-                    GgmlType::Q8_0 => tile!(legacy_n, Q8_0, 34; rows, rb, acts, out),
-                    GgmlType::IQ4_NL => tile!(legacy_n, IQ4_NL, 18; rows, rb, acts, out),
+                    GgmlType::Q4_0 => legacy_rows!(Q4_0, 18; rows, rb, acts, out),
+                    GgmlType::Q4_1 => legacy_rows!(Q4_1, 20; rows, rb, acts, out),
+                    GgmlType::Q5_0 => legacy_rows!(Q5_0, 22; rows, rb, acts, out),
+                    GgmlType::Q5_1 => legacy_rows!(Q5_1, 24; rows, rb, acts, out),
+                    GgmlType::Q8_0 => legacy_rows!(Q8_0, 34; rows, rb, acts, out),
+                    GgmlType::IQ4_NL => legacy_rows!(IQ4_NL, 18; rows, rb, acts, out),
                     GgmlType::Q1_0 => tile!(q1_0_n; rows, rb, acts, out),
                     _ => super::super::dispatch::each_row(super::super::scalar::dot_q8, t, rows, rb, acts, out),
                 }
             }
 
-            /// Rows × Q8_K tile for a K-quant or IQ4_XS.
+            /// Rows × Q8_K tile for a K-quant or IQ4_XS, in the float order ggml uses for
+            /// calls of fewer than 8 tokens (its `vec_dot` kernels; Q4_K: its repacked kernels).
             pub(crate) fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                rows_q8k_order::<false>(t, rows, rb, acts, out)
+            }
+
+            /// The same for calls of 8 tokens or more, in the order of ggml's tiled K-quant
+            /// matmul (Q4_K: its repacked kernels, as for fewer tokens).
+            pub(crate) fn rows_q8k_wide(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                rows_q8k_order::<true>(t, rows, rb, acts, out)
+            }
+
+            fn rows_q8k_order<const WIDE: bool>(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
                 if !checked(rows, rb, t.type_size(), 1, acts, out) {
                     return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);
                 }
                 match t {
-                    GgmlType::Q2_K => tile!(q2_k_n; rows, rb, acts, out),
-                    GgmlType::Q3_K => tile!(q3_k_n; rows, rb, acts, out),
+                    GgmlType::Q2_K => tile!(q2_k_n, WIDE; rows, rb, acts, out),
+                    GgmlType::Q3_K => tile!(q3_k_n, WIDE; rows, rb, acts, out),
                     GgmlType::Q4_K => tile!(q4_k_n; rows, rb, acts, out),
-                    GgmlType::Q5_K => tile!(q5_k_n; rows, rb, acts, out),
-                    GgmlType::Q6_K => tile!(q6_k_n; rows, rb, acts, out),
-                    GgmlType::IQ4_XS => tile!(iq4_xs_n; rows, rb, acts, out),
+                    GgmlType::Q5_K => tile!(q5_k_n, WIDE; rows, rb, acts, out),
+                    GgmlType::Q6_K => tile!(q6_k_n, WIDE; rows, rb, acts, out),
+                    GgmlType::IQ4_XS => tile!(iq4_xs_n, WIDE; rows, rb, acts, out),
                     _ => super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out),
                 }
             }

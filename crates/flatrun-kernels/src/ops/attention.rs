@@ -138,6 +138,47 @@ mod fused_f16 {
         sum
     }
 
+    /// `Σ k·q` with lane `l` of one 8-wide partial sum taking elements `≡ l (mod 8)`, reduced
+    /// like ggml's AVX2 horizontal sum (tinyBLAS's order for a batch of queries).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `k.len() == q.len()`, a multiple of 8.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_lanes8(k: &[f16], q: &[f32]) -> f32 {
+        let (kp, qp) = (k.as_ptr(), q.as_ptr());
+        let mut acc = _mm256_setzero_ps();
+        // Products of two f16 values are exact in f32, so one FMA equals ggml's mul + add.
+        for i in (0..k.len()).step_by(8) {
+            let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
+            acc = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i)), acc);
+        }
+        // Halves, then lanes 0+2 and 1+3, then the two.
+        let c = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+        let s = _mm_add_ps(c, _mm_movehl_ps(c, c));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
+    }
+
+    /// The same with four 8-wide partial sums over runs of 32 (`ggml_vec_dot_f16`'s order
+    /// for one query): vectors 0+2 and 1+3, then the two, then halves, then pairs.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `k.len() == q.len()`, a multiple of 32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dot_lanes32(k: &[f16], q: &[f32]) -> f32 {
+        let (kp, qp) = (k.as_ptr(), q.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for i in (0..k.len()).step_by(32) {
+            for (v, a) in acc.iter_mut().enumerate() {
+                let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i + 8 * v) as *const __m128i));
+                *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i + 8 * v)), *a);
+            }
+        }
+        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let t = _mm_hadd_ps(t, t);
+        _mm_cvtss_f32(_mm_hadd_ps(t, t))
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy_avx2(v: &[f16], p: f32, acc: &mut [f32]) {
         let n = v.len().min(acc.len());
@@ -237,6 +278,58 @@ impl SumOrder {
         match self {
             SumOrder::Batch => reduce8(partial),
             SumOrder::Single => reduce32(partial),
+        }
+    }
+
+    /// `k · q` for an f16 key row, in this order: in registers on AVX2 hosts when the
+    /// length is whole vectors, else through `buf` and [`SumOrder::dot`].
+    #[inline]
+    fn dot_f16(self, k: &[f16], q: &[f32], buf: &mut [f32]) -> f32 {
+        let n = k.len().min(q.len());
+        #[cfg(target_arch = "x86_64")]
+        if n % self.lanes() == 0 && super::softmax::avx2_available() {
+            // SAFETY: the host has AVX2, FMA and F16C; both slices hold n values.
+            return unsafe {
+                match self {
+                    SumOrder::Batch => fused_f16::dot_lanes8(&k[..n], &q[..n]),
+                    SumOrder::Single => fused_f16::dot_lanes32(&k[..n], &q[..n]),
+                }
+            };
+        }
+        k[..n].convert_to_f32_slice(&mut buf[..n]);
+        self.dot(&buf[..n], &q[..n])
+    }
+
+    /// `out[d] = reduce(acc[l·n + d] for each lane l)`: the per-lane partial sums of the
+    /// weighted values, reduced in this order (elementwise over `d`, so it vectorizes).
+    fn reduce_lanes(self, acc: &[f32], out: &mut [f32]) {
+        let n = out.len();
+        let lane = |l: usize| &acc[l * n..(l + 1) * n];
+        match self {
+            SumOrder::Batch => {
+                let a: [&[f32]; 8] = std::array::from_fn(lane);
+                for (d, o) in out.iter_mut().enumerate() {
+                    // reduce8: halves lane-wise, then 0+2 and 1+3, then the two.
+                    let c = [
+                        a[0][d] + a[4][d],
+                        a[1][d] + a[5][d],
+                        a[2][d] + a[6][d],
+                        a[3][d] + a[7][d],
+                    ];
+                    *o = (c[0] + c[2]) + (c[1] + c[3]);
+                }
+            }
+            SumOrder::Single => {
+                let a: [&[f32]; 32] = std::array::from_fn(lane);
+                for (d, o) in out.iter_mut().enumerate() {
+                    // reduce32: vectors 0+2 and 1+3, then the two, then the halves, then pairs.
+                    let x: [f32; 8] = std::array::from_fn(|l| {
+                        (a[l][d] + a[16 + l][d]) + (a[8 + l][d] + a[24 + l][d])
+                    });
+                    let t: [f32; 4] = std::array::from_fn(|i| x[i] + x[i + 4]);
+                    *o = (t[0] + t[1]) + (t[2] + t[3]);
+                }
+            }
         }
     }
 
@@ -342,7 +435,7 @@ pub fn attention(
             for &j in slots.iter() {
                 let off = j * kv_stride + kvh * hd;
                 let qk = match k {
-                    KvSlice::F16(_) => order.dot(k.row(off, hd, row), qv),
+                    KvSlice::F16(ks) => order.dot_f16(&ks[off..off + hd], qv, row),
                     KvSlice::F32(_) => k.dot_row(off, qv, row),
                 };
                 let mut x = qk * cfg.scale;
@@ -354,11 +447,11 @@ pub fn attention(
             }
             // Softmax weights with ggml's expf; their sum is taken 8 slots
             // at a time in f32, accumulated in f64 (ggml's AVX2 soft_max).
+            exp_shifted(scores, max);
             let mut sum = 0f64;
             let mut eight = [0f32; 8];
             let mut chunk = usize::MAX;
-            for (&j, s) in slots.iter().zip(scores.iter_mut()) {
-                *s = ggml_expf(*s - max);
+            for (&j, s) in slots.iter().zip(scores.iter()) {
                 if j / 8 != chunk {
                     sum += reduce8(&eight) as f64;
                     eight = [0.0; 8];
@@ -379,13 +472,7 @@ pub fn attention(
                     let lane = &mut acc[(j % lanes) * hd..(j % lanes + 1) * hd];
                     v.axpy_row(j * kv_stride + kvh * hd, v.round(p * inv), lane, row);
                 }
-                let mut partial = [0f32; 32];
-                for (d, od) in o.iter_mut().enumerate() {
-                    for (l, pl) in partial[..lanes].iter_mut().enumerate() {
-                        *pl = acc[l * hd + d];
-                    }
-                    *od = order.reduce(&partial[..lanes]);
-                }
+                order.reduce_lanes(&acc, o);
             });
         });
     };
@@ -397,6 +484,38 @@ pub fn attention(
     }
     WRITTEN.with(|c| c.replace(written));
     QUERIES.with(|c| c.replace(q_rounded));
+}
+
+/// `s = ggml_expf(s − max)` for every score (eight at a time on AVX2 hosts, same values).
+fn exp_shifted(scores: &mut [f32], max: f32) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if super::softmax::avx2_available() {
+        // SAFETY: the host has AVX2, FMA and F16C.
+        done = unsafe { exp_shifted_avx2(scores, max) };
+    }
+    for s in &mut scores[done..] {
+        *s = ggml_expf(*s - max);
+    }
+}
+
+/// The whole vectors of [`exp_shifted`]; returns how many scores it did.
+///
+/// # Safety
+/// The host must have AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn exp_shifted_avx2(scores: &mut [f32], max: f32) -> usize {
+    use std::arch::x86_64::*;
+    let n8 = scores.len() / 8 * 8;
+    let p = scores.as_mut_ptr();
+    let m = _mm256_set1_ps(max);
+    // Each step reads and writes lanes i..i+8 ≤ n8.
+    for i in (0..n8).step_by(8) {
+        let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m);
+        _mm256_storeu_ps(p.add(i), super::softmax::expf_avx2::expf8(x));
+    }
+    n8
 }
 
 /// A raw output pointer shared by tasks that write disjoint heads.
@@ -412,5 +531,60 @@ impl OutPtr {
     /// The element at `i` (a method, so closures capture the whole wrapper).
     fn at(self, i: usize) -> *mut f32 {
         self.0.wrapping_add(i)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values that stress the roundings: a wide spread of magnitudes and signs.
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                let m = (x % 20_000) as f32 / 1000.0 - 10.0;
+                m * (1.0 + (x >> 28) as f32)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn vector_dots_equal_the_ordered_scalar_dots() {
+        for (hd, seed) in [
+            (32usize, 1u32),
+            (64, 2),
+            (128, 3),
+            (256, 4),
+            (72, 5),
+            (40, 6),
+        ] {
+            let k16: Vec<f16> = values(hd, seed).iter().map(|&v| f16::from_f32(v)).collect();
+            let q: Vec<f32> = values(hd, seed + 100)
+                .iter()
+                .map(|&v| f16::from_f32(v).to_f32())
+                .collect();
+            let k32: Vec<f32> = k16.iter().map(|v| v.to_f32()).collect();
+            let mut buf = vec![0f32; hd];
+            for order in [SumOrder::Batch, SumOrder::Single] {
+                let want = order.dot(&k32, &q);
+                let got = order.dot_f16(&k16, &q, &mut buf);
+                assert_eq!(got.to_bits(), want.to_bits(), "head dim {hd}");
+            }
+        }
+    }
+
+    #[test]
+    fn vector_exp_equals_scalar_exp() {
+        let mut scores: Vec<f32> = (0..4003).map(|i| (i as f32 - 3000.0) * 0.07).collect();
+        scores.extend([f32::NEG_INFINITY, -200.0, -88.5, -87.0, 0.0, -0.0, 88.0]);
+        let want: Vec<f32> = scores.iter().map(|&s| ggml_expf(s - 1.5)).collect();
+        exp_shifted(&mut scores, 1.5);
+        for (g, w) in scores.iter().zip(&want) {
+            assert_eq!(g.to_bits(), w.to_bits());
+        }
     }
 }

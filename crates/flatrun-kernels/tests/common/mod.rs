@@ -113,7 +113,7 @@ pub const GGML_BUDGETS: &[(GgmlType, f32)] = &[
     (GgmlType::IQ4_XS, 5e-3),
 ];
 
-/// MLX formats tested (bits, group) — they decode rows then take an f32 dot.
+/// MLX formats tested (bits, group): 4/8-bit have fused kernels, the others decode rows then take an f32 dot.
 pub const MLX_FORMATS: &[(u8, usize)] = &[(4, 32), (4, 64), (8, 64), (3, 32), (6, 64), (2, 128)];
 
 pub fn mlx_format(bits: u8, group: usize) -> WeightFormat {

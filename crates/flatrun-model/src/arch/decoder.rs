@@ -5,7 +5,7 @@
 //! data: optional biases, q/k norms, sandwich norms, the activation, the
 //! window and RoPE base of the layer.
 
-use crate::config::{Activation, ModelConfig};
+use crate::config::{Activation, Arch, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
 use flatrun_kernels::ops::{self, AttnConfig, KvSlice, RopeConfig, RopeScaling};
 use flatrun_kernels::{Kernels, Weight};
@@ -127,14 +127,33 @@ pub struct LayerPlan {
     pub index: usize,
     pub rope: RopeConfig,
     pub attn: AttnConfig,
+    /// Gemma 3: the attention scale multiplies the queries in f32 after RoPE
+    /// (before ggml rounds them to f16 against the cache), as llama.cpp's graph
+    /// does, and `attn.scale` is 1. Elsewhere `None`: the scores are scaled.
+    pub q_scale: Option<f32>,
+    /// Hugging Face llama checkpoints (SafeTensors, MLX) keep each head's
+    /// rotary dims as two halves (NeoX RoPE); llama.cpp's converter permutes
+    /// the Q/K rows into adjacent pairs. `true`: q and k are reordered into
+    /// pairs after the projection and rotated with the normal layout, so the
+    /// cache and every q·k sum run in llama.cpp's order (same maths either way).
+    pub qk_halves_to_pairs: bool,
 }
 
 impl LayerPlan {
     /// The plan of layer `index`; `freq_factors` is the `rope_freqs` tensor.
     pub fn new(cfg: &ModelConfig, index: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
         let windowed = cfg.is_swa(index);
-        let layout = cfg.rope_layout;
+        let qk_halves_to_pairs = cfg.arch == Arch::Llama
+            && cfg.rope_layout == RopeLayout::Neox
+            && cfg.rope_dims % 2 == 0
+            && cfg.rope_dims <= cfg.head_dim.min(MAX_PAIRED_DIMS);
+        let layout = if qk_halves_to_pairs {
+            RopeLayout::Normal
+        } else {
+            cfg.rope_layout
+        };
         // Windowed layers rotate with their own base and no context scaling.
+        let q_scale = (cfg.arch == Arch::Gemma3).then_some(cfg.attn_scale);
         let (theta_base, scaling) = if windowed {
             (cfg.rope_theta_swa, RopeScaling::None)
         } else {
@@ -157,10 +176,16 @@ impl LayerPlan {
                 n_head: cfg.n_head,
                 n_kv_head: cfg.n_kv_head,
                 head_dim: cfg.head_dim,
-                scale: cfg.attn_scale,
+                scale: if q_scale.is_some() {
+                    1.0
+                } else {
+                    cfg.attn_scale
+                },
                 window: cfg.window(index),
                 softcap: None,
             },
+            q_scale,
+            qk_halves_to_pairs,
         }
     }
 }
@@ -263,10 +288,21 @@ pub fn forward_layer(
         ops::rms_norm_rows(xb, d, w.attn_norm, eps, offset);
     });
     // q = xb·Wqᵀ + bq ; k = xb·Wkᵀ + bk ; v = xb·Wvᵀ + bv
+    // (one pool job for the three: the threads meet once)
     clock.try_time(Op::QkvMatmul, || {
-        matmul(kernels, &w.q, xb, n, q, w.q_bias, layer, "attn.q")?;
-        matmul(kernels, &w.k, xb, n, k, w.k_bias, layer, "attn.k")?;
-        matmul(kernels, &w.v, xb, n, v, w.v_bias, layer, "attn.v")
+        let mut outs = [&mut *q, &mut *k, &mut *v];
+        matmul_many(
+            kernels,
+            &[&w.q, &w.k, &w.v],
+            xb,
+            n,
+            &mut outs,
+            layer,
+            "attn.qkv",
+        )?;
+        add_bias(q, w.q_bias, w.q.rows, layer, "attn.q")?;
+        add_bias(k, w.k_bias, w.k.rows, layer, "attn.k")?;
+        add_bias(v, w.v_bias, w.v.rows, layer, "attn.v")
     })?;
     // q, k = rmsnorm per head (Qwen3, Gemma 3)
     if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
@@ -277,8 +313,17 @@ pub fn forward_layer(
     }
     // q, k = rope(q, k, position)
     clock.time(Op::Rope, || {
+        // (Hugging Face llama layout: halves → adjacent pairs first)
+        if plan.qk_halves_to_pairs {
+            halves_to_pairs(q, hd, plan.rope.n_rot);
+            halves_to_pairs(k, hd, plan.rope.n_rot);
+        }
         ops::rope(q, cfg.n_head, hd, positions, &plan.rope);
         ops::rope(k, cfg.n_kv_head, hd, positions, &plan.rope);
+        // q = q · scale (Gemma 3 scales the queries, not the scores)
+        if let Some(s) = plan.q_scale {
+            ops::scale(q, s);
+        }
     });
     // cache[pos] = (k, v), per sequence
     clock.try_time(Op::KvWrite, || {
@@ -325,9 +370,18 @@ pub fn forward_layer(
         ops::rms_norm_rows(xb, d, w.ffn_norm, eps, offset);
     });
     // gate = xb·Wgateᵀ ; up = xb·Wupᵀ
+    // (one pool job for the two)
     clock.try_time(Op::FfnUpMatmul, || {
-        matmul(kernels, &w.gate, xb, n, gate, None, layer, "ffn.gate")?;
-        matmul(kernels, &w.up, xb, n, up, None, layer, "ffn.up")
+        let mut outs = [&mut *gate, &mut *up];
+        matmul_many(
+            kernels,
+            &[&w.gate, &w.up],
+            xb,
+            n,
+            &mut outs,
+            layer,
+            "ffn.gate_up",
+        )
     })?;
     // gate = act(gate) ⊙ up
     clock.time(Op::Activation, || match cfg.activation {
@@ -381,6 +435,50 @@ fn matmul(
     Ok(())
 }
 
+/// `outs[i] = x·ws[i]ᵀ` for matrices sharing their input, with errors naming the op.
+#[allow(clippy::too_many_arguments)]
+fn matmul_many(
+    kernels: &dyn Kernels,
+    ws: &[&Weight],
+    x: &[f32],
+    n: usize,
+    outs: &mut [&mut [f32]],
+    layer: usize,
+    op: &'static str,
+) -> Result<()> {
+    kernels
+        .matmul_many(ws, x, n, outs)
+        .map_err(|e| ModelError::Kernel {
+            layer,
+            op,
+            what: e.to_string(),
+        })
+}
+
+/// `out[t] += bias` for every token row of a `rows`-wide output.
+fn add_bias(
+    out: &mut [f32],
+    bias: Option<&[f32]>,
+    rows: usize,
+    layer: usize,
+    op: &'static str,
+) -> Result<()> {
+    let Some(b) = bias else {
+        return Ok(());
+    };
+    if b.len() != rows {
+        return Err(ModelError::Kernel {
+            layer,
+            op,
+            what: format!("bias has {} values for {rows} rows", b.len()),
+        });
+    }
+    for row in out.chunks_exact_mut(rows) {
+        ops::add(row, b);
+    }
+    Ok(())
+}
+
 /// Times closures and reports them to the observer (shared by every architecture's layer).
 pub(crate) struct Clock<'o> {
     pub(crate) obs: &'o mut dyn OpObserver,
@@ -396,5 +494,36 @@ impl Clock<'_> {
     }
     pub(crate) fn try_time(&mut self, op: Op, f: impl FnOnce() -> Result<()>) -> Result<()> {
         self.time(op, f)
+    }
+}
+
+/// The most rotary dims per head [`halves_to_pairs`] reorders (a stack buffer).
+const MAX_PAIRED_DIMS: usize = 512;
+
+/// Reorder the first `n_rot` dims of every `hd`-wide head of `x` from two
+/// halves `[a0 … a(r/2-1), b0 … b(r/2-1)]` to pairs `[a0, b0, a1, b1, …]`: the
+/// row permutation llama.cpp's converter applies to llama Q/K weights.
+fn halves_to_pairs(x: &mut [f32], hd: usize, n_rot: usize) {
+    let half = n_rot / 2;
+    let mut buf = [0f32; MAX_PAIRED_DIMS];
+    for head in x.chunks_exact_mut(hd) {
+        buf[..n_rot].copy_from_slice(&head[..n_rot]);
+        for i in 0..half {
+            head[2 * i] = buf[i];
+            head[2 * i + 1] = buf[half + i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod halves_to_pairs_tests {
+    use super::halves_to_pairs;
+
+    #[test]
+    fn interleaves_each_head_and_keeps_the_unrotated_tail() {
+        // two heads of 6 dims, 4 rotated
+        let mut x = [0., 1., 2., 3., 4., 5., 10., 11., 12., 13., 14., 15.];
+        halves_to_pairs(&mut x, 6, 4);
+        assert_eq!(x, [0., 2., 1., 3., 4., 5., 10., 12., 11., 13., 14., 15.]);
     }
 }

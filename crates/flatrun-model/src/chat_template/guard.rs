@@ -1,29 +1,25 @@
-//! Bounds on what an untrusted template can build in memory.
+//! Size checks on what an untrusted template builds.
 //!
 //! minijinja's fuel counts instructions, not bytes, and its `~`, `+` and
 //! string `*` allocate whatever they are asked to: `{% set ns.s = ns.s ~ ns.s %}`
 //! in a loop doubles a string per iteration and reaches gigabytes long
-//! before fuel runs out. There is no hook for operators, so before a template
-//! is compiled its binary `~`, `+` and `*` are rewritten into calls of guard
-//! functions (`a ~ b` becomes `__flatrun_concat((a), (b))`), found with
-//! minijinja's own parser so that precedence and nesting are exactly its
-//! own. The guards refuse to build a string longer than the limit or a
-//! sequence with more items than the limit, and otherwise compute what the
-//! operator computes. Filters and Python-style methods that can inflate a
-//! string or allocate by a number they are given (`replace`, `join`,
-//! `indent`, `center`, `batch`, …) get the same checks in `chat_template.rs`.
+//! before fuel runs out. The sandbox (`sandbox.rs`) compiles those operators
+//! into calls of the guard functions registered here, which refuse to build
+//! a string longer than the limit or a sequence with more items than the
+//! limit and otherwise compute what the operator computes. Filters and
+//! Python-style methods that can inflate a string or allocate by a number
+//! they are given (`replace`, `join`, `indent`, `center`, `format`, `batch`,
+//! `map`, …) get the same checks before they run; every other call's result
+//! is checked after it (`__flatrun_check`). Everything built is counted in
+//! the render's [`Budget`].
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use minijinja::machinery::ast::{self, CallArg, Expr, Stmt};
-use minijinja::machinery::{parse, WhitespaceConfig};
-use minijinja::syntax::SyntaxConfig;
-use minijinja::{Environment, ErrorKind, Value};
+use minijinja::value::ValueKind;
+use minijinja::{Environment, ErrorKind, Expression, Value};
 
-/// The guard functions the rewritten operators call.
-pub(crate) const CONCAT_FN: &str = "__flatrun_concat";
-pub(crate) const ADD_FN: &str = "__flatrun_add";
-pub(crate) const MUL_FN: &str = "__flatrun_mul";
+use super::budget::{text_len_within, Budget};
+use super::sandbox::{ADD_FN, CHECK_FN, CLOSE_FN, CONCAT_FN, MUL_FN, OPEN_FN};
 
 /// Marker that tells size-limit errors apart from other render errors.
 pub(crate) const TOO_LARGE: &str = "flatrun limit: ";
@@ -33,309 +29,52 @@ pub(crate) fn too_large(what: String) -> minijinja::Error {
     minijinja::Error::new(ErrorKind::InvalidOperation, format!("{TOO_LARGE}{what}"))
 }
 
-/// One operator to rewrite: its span and its operands' spans (byte offsets).
-/// The left operand runs from the start of the operator's span to the
-/// operator, the right one from the operator to the end of the span (so
-/// parentheses around an operand stay with it; the span of a postfix
-/// expression like `messages[0]` does not always cover its base).
-struct Rewrite {
-    function: &'static str,
-    symbol: char,
-    whole: (usize, usize),
-    /// Where the left operand's own span ends; the operator follows.
-    left_end: usize,
-    left: (usize, usize),
-    right: (usize, usize),
+/// Length of a value's text as `~` writes it, or `limit + 1` when longer
+/// (measured without building the text).
+fn text_len(v: &Value, limit: usize) -> u128 {
+    text_len_within(v, limit).map_or(limit as u128 + 1, |n| n as u128)
 }
 
-/// `source` with every binary `~`, `+` and `*` replaced by a guard call.
-/// Fails when the template does not parse (the caller reports that as a
-/// syntax error from compiling the original).
-// `SyntaxConfig` has fields when minijinja's `custom_syntax` feature is on.
-#[allow(clippy::default_constructed_unit_structs)]
-pub(crate) fn rewrite_operators(source: &str) -> Result<String, minijinja::Error> {
-    let ast = parse(
-        source,
-        "chat_template",
-        SyntaxConfig::default(),
-        WhitespaceConfig {
-            keep_trailing_newline: false,
-            lstrip_blocks: true,
-            trim_blocks: true,
-        },
-    )?;
-    let mut rewrites = Vec::new();
-    visit_stmt(&ast, &mut rewrites);
-    if rewrites.is_empty() {
-        return Ok(source.to_string());
-    }
-    // Between the left operand and the operator there are only closing
-    // parentheses and whitespace.
-    for r in &mut rewrites {
-        let operator = source
-            .get(r.left_end..r.whole.1)
-            .and_then(|rest| rest.find(r.symbol))
-            .map(|at| r.left_end + at);
-        if let Some(at) = operator {
-            r.left = (r.whole.0, at);
-            r.right = (at + r.symbol.len_utf8(), r.whole.1);
-        } else {
-            r.left = (1, 0); // marks it unsound below
+/// Text weight of a sequence or map: its strings plus two bytes of quotes
+/// or separators per item, walked without recursion and stopped once past
+/// `limit`. A list can hold the same long string many times at the cost of
+/// one pointer each; any filter that turns it into text (`string`, `upper`,
+/// `tojson`, …) would then build all the copies, so lists are held to the
+/// string limit by weight. Each item visited is charged to the budget.
+fn weight(v: &Value, limit: usize, budget: &Budget) -> Result<u128, minijinja::Error> {
+    let mut total = 0u128;
+    let mut pending = vec![v.clone()];
+    let mut visited = 0usize;
+    while let Some(v) = pending.pop() {
+        if total > limit as u128 {
+            break;
         }
-    }
-    if !spans_are_sound(source, &rewrites) {
-        return Err(minijinja::Error::new(
-            ErrorKind::SyntaxError,
-            "the template's operators could not be located for the sandbox",
-        ));
-    }
-    // Outer operators first: by start, then the longest.
-    rewrites.sort_by_key(|r| (r.whole.0, std::cmp::Reverse(r.whole.1)));
-    let mut out = String::with_capacity(source.len() + rewrites.len() * 24);
-    render(source, &rewrites, (0, source.len()), &mut out);
-    Ok(out)
-}
-
-/// Append `source[range]` with the outermost rewrites inside it applied.
-/// Offsets were checked by the caller (char boundaries within the source).
-fn render(source: &str, rewrites: &[Rewrite], range: (usize, usize), out: &mut String) {
-    let mut at = range.0;
-    for (i, r) in rewrites.iter().enumerate() {
-        // Skip rewrites outside the range or inside one already applied.
-        if r.whole.0 < at || r.whole.1 > range.1 {
-            continue;
-        }
-        out.push_str(&source[at..r.whole.0]);
-        let inner = nested_in(rewrites, i);
-        out.push_str(r.function);
-        out.push_str("((");
-        render(source, inner, r.left, out);
-        out.push_str("), (");
-        render(source, inner, r.right, out);
-        out.push_str("))");
-        // Keep line numbers: the newlines between the operands (around the
-        // operator and inside dropped parentheses) go after the call.
-        let newlines = |(a, b): (usize, usize)| source[a..b].matches('\n').count();
-        let dropped = newlines(r.whole)
-            .saturating_sub(newlines(r.left))
-            .saturating_sub(newlines(r.right));
-        out.extend(std::iter::repeat_n('\n', dropped));
-        at = r.whole.1;
-    }
-    out.push_str(&source[at..range.1]);
-}
-
-/// The rewrites inside rewrite `i` (the list is sorted by start, outer first,
-/// so they follow it and start before it ends).
-fn nested_in(rewrites: &[Rewrite], i: usize) -> &[Rewrite] {
-    let end = rewrites[i].whole.1;
-    let from = i + 1;
-    let count = rewrites[from..]
-        .iter()
-        .position(|r| r.whole.0 >= end)
-        .unwrap_or(rewrites.len() - from);
-    &rewrites[from..from + count]
-}
-
-/// Whether every span is a well-formed range of char boundaries of `source`
-/// with the operands inside the operator's span.
-fn spans_are_sound(source: &str, rewrites: &[Rewrite]) -> bool {
-    let ok =
-        |(a, b): (usize, usize)| a <= b && source.is_char_boundary(a) && source.is_char_boundary(b);
-    rewrites.iter().all(|r| {
-        ok(r.whole)
-            && ok(r.left)
-            && ok(r.right)
-            && r.whole.0 <= r.left.0
-            && r.left.1 <= r.right.0
-            && r.right.1 <= r.whole.1
-    })
-}
-
-fn offsets(span: minijinja::machinery::Span) -> (usize, usize) {
-    (span.start_offset as usize, span.end_offset as usize)
-}
-
-fn visit_stmts(stmts: &[Stmt<'_>], out: &mut Vec<Rewrite>) {
-    for stmt in stmts {
-        visit_stmt(stmt, out);
-    }
-}
-
-fn visit_stmt(stmt: &Stmt<'_>, out: &mut Vec<Rewrite>) {
-    match stmt {
-        Stmt::Template(t) => visit_stmts(&t.children, out),
-        Stmt::EmitExpr(e) => visit_expr(&e.expr, out),
-        Stmt::EmitRaw(_) | Stmt::Continue(_) | Stmt::Break(_) => {}
-        Stmt::ForLoop(f) => {
-            visit_expr(&f.target, out);
-            visit_expr(&f.iter, out);
-            if let Some(filter) = &f.filter_expr {
-                visit_expr(filter, out);
+        visited += 1;
+        match v.kind() {
+            ValueKind::String => total += v.as_str().map_or(0, str::len) as u128 + 2,
+            // Lazy sequences (`a + b`, `a * n`) are walked too when they are sized
+            // (one-shot iterators have no length and are not consumed).
+            ValueKind::Seq | ValueKind::Iterable if v.len().is_some() => {
+                total += 2;
+                // Each item weighs at least two bytes: take no more than can fit.
+                let fit = (limit as u128).saturating_sub(total) / 2 + 1;
+                pending.extend(v.try_iter()?.take(fit.min(usize::MAX as u128) as usize));
             }
-            visit_stmts(&f.body, out);
-            visit_stmts(&f.else_body, out);
-        }
-        Stmt::IfCond(i) => {
-            visit_expr(&i.expr, out);
-            visit_stmts(&i.true_body, out);
-            visit_stmts(&i.false_body, out);
-        }
-        Stmt::WithBlock(w) => {
-            for (target, value) in &w.assignments {
-                visit_expr(target, out);
-                visit_expr(value, out);
-            }
-            visit_stmts(&w.body, out);
-        }
-        Stmt::Set(s) => {
-            visit_expr(&s.target, out);
-            visit_expr(&s.expr, out);
-        }
-        Stmt::SetBlock(s) => {
-            visit_expr(&s.target, out);
-            if let Some(filter) = &s.filter {
-                visit_expr(filter, out);
-            }
-            visit_stmts(&s.body, out);
-        }
-        Stmt::AutoEscape(a) => {
-            visit_expr(&a.enabled, out);
-            visit_stmts(&a.body, out);
-        }
-        Stmt::FilterBlock(f) => {
-            visit_expr(&f.filter, out);
-            visit_stmts(&f.body, out);
-        }
-        Stmt::Block(b) => visit_stmts(&b.body, out),
-        Stmt::Import(i) => {
-            visit_expr(&i.expr, out);
-            visit_expr(&i.name, out);
-        }
-        Stmt::FromImport(i) => {
-            visit_expr(&i.expr, out);
-            for (name, alias) in &i.names {
-                visit_expr(name, out);
-                if let Some(alias) = alias {
-                    visit_expr(alias, out);
+            ValueKind::Map => {
+                total += 2;
+                let fit = (limit as u128).saturating_sub(total) / 4 + 1;
+                for key in v.try_iter()?.take(fit.min(usize::MAX as u128) as usize) {
+                    let value = v.get_item(&key)?;
+                    pending.push(key);
+                    pending.push(value);
                 }
             }
-        }
-        Stmt::Extends(e) => visit_expr(&e.name, out),
-        Stmt::Include(i) => visit_expr(&i.name, out),
-        Stmt::Macro(m) => visit_macro(m, out),
-        Stmt::CallBlock(c) => {
-            visit_call(&c.call, out);
-            visit_macro(&c.macro_decl, out);
-        }
-        Stmt::Do(d) => visit_call(&d.call, out),
-    }
-}
-
-fn visit_macro(m: &ast::Macro<'_>, out: &mut Vec<Rewrite>) {
-    for e in m.args.iter().chain(&m.defaults) {
-        visit_expr(e, out);
-    }
-    visit_stmts(&m.body, out);
-}
-
-fn visit_call(c: &ast::Call<'_>, out: &mut Vec<Rewrite>) {
-    visit_expr(&c.expr, out);
-    visit_args(&c.args, out);
-}
-
-fn visit_args(args: &[CallArg<'_>], out: &mut Vec<Rewrite>) {
-    for arg in args {
-        match arg {
-            CallArg::Pos(e)
-            | CallArg::Kwarg(_, e)
-            | CallArg::PosSplat(e)
-            | CallArg::KwargSplat(e) => visit_expr(e, out),
+            // Numbers, booleans, none, callables, one-shot iterators (not consumed).
+            _ => total += 8,
         }
     }
-}
-
-fn visit_expr(expr: &Expr<'_>, out: &mut Vec<Rewrite>) {
-    match expr {
-        Expr::Var(_) | Expr::Const(_) => {}
-        Expr::Slice(s) => {
-            visit_expr(&s.expr, out);
-            for e in [&s.start, &s.stop, &s.step].into_iter().flatten() {
-                visit_expr(e, out);
-            }
-        }
-        Expr::UnaryOp(u) => visit_expr(&u.expr, out),
-        Expr::BinOp(b) => {
-            let function = match b.op {
-                ast::BinOpKind::Concat => Some((CONCAT_FN, '~')),
-                ast::BinOpKind::Add => Some((ADD_FN, '+')),
-                ast::BinOpKind::Mul => Some((MUL_FN, '*')),
-                _ => None,
-            };
-            if let Some((function, symbol)) = function {
-                out.push(Rewrite {
-                    function,
-                    symbol,
-                    whole: offsets(b.span()),
-                    left_end: offsets(b.left.span()).1,
-                    left: (0, 0),
-                    right: (0, 0),
-                });
-            }
-            visit_expr(&b.left, out);
-            visit_expr(&b.right, out);
-        }
-        Expr::Compare(c) => {
-            visit_expr(&c.expr, out);
-            for op in &c.ops {
-                visit_expr(&op.expr, out);
-            }
-        }
-        Expr::IfExpr(i) => {
-            visit_expr(&i.test_expr, out);
-            visit_expr(&i.true_expr, out);
-            if let Some(e) = &i.false_expr {
-                visit_expr(e, out);
-            }
-        }
-        Expr::Filter(f) => {
-            if let Some(e) = &f.expr {
-                visit_expr(e, out);
-            }
-            visit_args(&f.args, out);
-        }
-        Expr::Test(t) => {
-            visit_expr(&t.expr, out);
-            visit_args(&t.args, out);
-        }
-        Expr::GetAttr(g) => visit_expr(&g.expr, out),
-        Expr::GetItem(g) => {
-            visit_expr(&g.expr, out);
-            visit_expr(&g.subscript_expr, out);
-        }
-        Expr::Call(c) => {
-            visit_expr(&c.expr, out);
-            visit_args(&c.args, out);
-        }
-        Expr::List(l) => {
-            for e in &l.items {
-                visit_expr(e, out);
-            }
-        }
-        Expr::Map(m) => {
-            for e in m.keys.iter().chain(&m.values) {
-                visit_expr(e, out);
-            }
-        }
-    }
-}
-
-/// Length of a value's text as `~` would write it.
-fn text_len(v: &Value) -> usize {
-    match v.as_str() {
-        Some(s) => s.len(),
-        None => v.to_string().len(),
-    }
+    budget.inspect(visited)?;
+    Ok(total)
 }
 
 /// A plain environment (builtins only) that computes what the guarded
@@ -349,12 +88,29 @@ fn plain() -> &'static Environment<'static> {
     })
 }
 
-/// Evaluate `expr` over variables `a`, `b`, `c`, `d` in the plain environment.
-fn eval_plain(expr: &str, vars: [Value; 4]) -> Result<Value, minijinja::Error> {
+/// Evaluate `expr` over variables `a`, `b`, `c`, `d` in the plain environment
+/// (each expression is compiled once).
+fn eval_plain(expr: &'static str, vars: [Value; 4]) -> Result<Value, minijinja::Error> {
+    type Cache = std::sync::Mutex<Vec<(&'static str, Arc<Expression<'static, 'static>>)>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    let cached = {
+        let list = cache.lock().unwrap_or_else(|e| e.into_inner());
+        list.iter()
+            .find(|(e, _)| *e == expr)
+            .map(|(_, c)| c.clone())
+    };
+    let compiled = match cached {
+        Some(compiled) => compiled,
+        None => {
+            let compiled = Arc::new(plain().compile_expression(expr)?);
+            let mut list = cache.lock().unwrap_or_else(|e| e.into_inner());
+            list.push((expr, compiled.clone()));
+            compiled
+        }
+    };
     let [a, b, c, d] = vars;
-    plain()
-        .compile_expression(expr)?
-        .eval(minijinja::context! { a => a, b => b, c => c, d => d })
+    compiled.eval(minijinja::context! { a => a, b => b, c => c, d => d })
 }
 
 fn check(what: &str, size: u128, limit: usize) -> Result<(), minijinja::Error> {
@@ -380,7 +136,7 @@ fn replaced_len(text: &str, from: &str, to: &str) -> u128 {
 fn joined_len(items: &Value, sep: &str, limit: usize) -> Result<u128, minijinja::Error> {
     let mut total = 0u128;
     for (i, item) in items.try_iter()?.enumerate() {
-        total += text_len(&item) as u128 + if i > 0 { sep.len() as u128 } else { 0 };
+        total += text_len(&item, limit) + if i > 0 { sep.len() as u128 } else { 0 };
         if total > limit as u128 {
             break;
         }
@@ -388,46 +144,109 @@ fn joined_len(items: &Value, sep: &str, limit: usize) -> Result<u128, minijinja:
     Ok(total)
 }
 
+/// A bound on what `format` (printf `%` or `str.format` `{}`) can build:
+/// every placeholder may write the longest argument padded to the largest
+/// number in the format string (widths and precisions).
+fn formatted_bound(format: &str, args: &[Value], limit: usize) -> u128 {
+    let placeholders = format.bytes().filter(|&b| b == b'%' || b == b'{').count() as u128;
+    let longest_arg = args.iter().map(|a| text_len(a, limit)).max().unwrap_or(0);
+    let widest = format
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|digits| !digits.is_empty())
+        .map(|digits| digits.parse::<u128>().unwrap_or(u128::MAX / 4))
+        .max()
+        .unwrap_or(0);
+    format.len() as u128 + placeholders.saturating_mul(longest_arg.saturating_add(widest))
+}
+
 /// Register the guard functions, filters and methods with their limits.
-pub(crate) fn add_guards(env: &mut Environment<'_>, limits: super::TemplateLimits) {
-    use minijinja::value::Kwargs;
+pub(crate) fn add_guards(
+    env: &mut Environment<'_>,
+    limits: super::TemplateLimits,
+    budget: Arc<Budget>,
+) {
+    use minijinja::value::{Kwargs, Rest};
     use minijinja::State;
     let (max_bytes, max_items) = (limits.max_string_bytes, limits.max_items);
     let none = || Value::from(());
-    // Operators.
-    env.add_function(CONCAT_FN, move |a: Value, b: Value| {
-        check(
-            "`~`",
-            text_len(&a) as u128 + text_len(&b) as u128,
-            max_bytes,
-        )?;
-        Ok::<_, minijinja::Error>(Value::from(format!("{a}{b}")))
+    // Captures and macro calls.
+    let b = budget.clone();
+    env.add_function(OPEN_FN, move || {
+        b.open();
+        Value::from(())
     });
-    env.add_function(ADD_FN, move |a: Value, b: Value| {
-        match (a.as_str(), b.as_str()) {
-            (Some(x), Some(y)) => check("`+`", x.len() as u128 + y.len() as u128, max_bytes)?,
+    let b = budget.clone();
+    env.add_function(CLOSE_FN, move || {
+        b.close();
+        Value::from(())
+    });
+    // Results of calls and literals.
+    let b = budget.clone();
+    env.add_function(CHECK_FN, move |v: Value| {
+        match v.kind() {
+            ValueKind::String => {
+                let len = v.as_str().map_or(0, str::len);
+                check("a string", len as u128, max_bytes)?;
+                b.charge(len)?;
+            }
+            ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => {
+                check("a sequence", v.len().unwrap_or(0) as u128, max_items)?;
+                check("a sequence's text", weight(&v, max_bytes, &b)?, max_bytes)?;
+            }
+            _ => {}
+        }
+        Ok::<_, minijinja::Error>(v)
+    });
+    // Operators.
+    let b = budget.clone();
+    env.add_function(CONCAT_FN, move |a: Value, c: Value| {
+        let size = text_len(&a, max_bytes) + text_len(&c, max_bytes);
+        check("`~`", size, max_bytes)?;
+        b.charge(size as usize)?;
+        Ok::<_, minijinja::Error>(Value::from(format!("{a}{c}")))
+    });
+    let b = budget.clone();
+    env.add_function(ADD_FN, move |a: Value, c: Value| {
+        match (a.as_str(), c.as_str()) {
+            (Some(x), Some(y)) => {
+                let size = x.len() as u128 + y.len() as u128;
+                check("`+`", size, max_bytes)?;
+                b.charge(size as usize)?;
+            }
             _ => {
-                if let (Some(x), Some(y)) = (a.len(), b.len()) {
+                if let (Some(x), Some(y)) = (a.len(), c.len()) {
                     check("`+`", x as u128 + y as u128, max_items)?;
+                    let text = weight(&a, max_bytes, &b)? + weight(&c, max_bytes, &b)?;
+                    check("`+`", text, max_bytes)?;
                 }
             }
         }
-        eval_plain("a + b", [a, b, none(), none()])
+        eval_plain("a + b", [a, c, none(), none()])
     });
-    env.add_function(MUL_FN, move |a: Value, b: Value| {
+    let b = budget.clone();
+    env.add_function(MUL_FN, move |a: Value, c: Value| {
         let (sized, count) = if a.as_i64().is_some() {
-            (&b, &a)
+            (&c, &a)
         } else {
-            (&a, &b)
+            (&a, &c)
         };
         if let (Some(n), Some(len)) = (count.as_i64(), sized.len()) {
             let n = n.max(0) as u128;
             match sized.as_str() {
-                Some(s) => check("`*`", s.len() as u128 * n, max_bytes)?,
-                None => check("`*`", len as u128 * n, max_items)?,
+                Some(s) => {
+                    check("`*`", s.len() as u128 * n, max_bytes)?;
+                    b.charge((s.len() as u128 * n) as usize)?;
+                }
+                None => {
+                    check("`*`", len as u128 * n, max_items)?;
+                    if n > 0 {
+                        let per_copy = max_bytes / n.min(max_bytes as u128) as usize;
+                        check("`*`", weight(sized, per_copy, &b)? * n, max_bytes)?;
+                    }
+                }
             }
         }
-        eval_plain("a * b", [a, b, none(), none()])
+        eval_plain("a * b", [a, c, none(), none()])
     });
     // Filters that allocate by a count or width they are given.
     env.add_filter(
@@ -450,6 +269,12 @@ pub(crate) fn add_guards(env: &mut Environment<'_>, limits: super::TemplateLimit
             )
         },
     );
+    env.add_filter("list", move |v: Value| {
+        if let Some(text) = v.as_str() {
+            check("`list`", text.chars().count() as u128, max_items)?;
+        }
+        eval_plain("a|list", [v, none(), none(), none()])
+    });
     env.add_filter(
         "indent",
         move |v: String,
@@ -501,6 +326,13 @@ pub(crate) fn add_guards(env: &mut Environment<'_>, limits: super::TemplateLimit
             eval_plain("a|join(b)", [v, Value::from(sep), none(), none()])
         },
     );
+    env.add_filter("format", move |v: String, args: Rest<Value>| {
+        check("`format`", formatted_bound(&v, &args, max_bytes), max_bytes)?;
+        eval_plain(
+            "a|format(*b)",
+            [Value::from(v), Value::from(args.0), none(), none()],
+        )
+    });
     // `lipsum(n)` writes n paragraphs; chat templates have no use for it.
     env.add_function("lipsum", || -> Result<Value, minijinja::Error> {
         Err(minijinja::Error::new(
@@ -523,6 +355,11 @@ pub(crate) fn add_guards(env: &mut Environment<'_>, limits: super::TemplateLimit
                 ("center" | "ljust" | "rjust" | "zfill", [width, ..]) => check(
                     "padding",
                     width.as_i64().unwrap_or(0).max(0) as u128,
+                    max_bytes,
+                )?,
+                ("format", args) => check(
+                    "`format`",
+                    formatted_bound(text, args, max_bytes),
                     max_bytes,
                 )?,
                 _ => {}

@@ -2,8 +2,10 @@
 //! llama.cpp uses for the vocabulary's `pre` value, the GPT-2 byte alphabet,
 //! and merges by rank.
 //!
-//! The regexes run on the `tokenizers` crate's engine (Oniguruma, through its
-//! `SysRegex`, exactly what its `Split` pre-tokenizer runs), but the pipeline
+//! The regexes with look-around or anchors run on the `tokenizers` crate's
+//! engine (Oniguruma, through its `SysRegex`, exactly what its `Split`
+//! pre-tokenizer runs), the others on the `regex` crate (`splitter.rs`:
+//! same matches, several times faster on short pieces); the pipeline
 //! around them and the merge loop are our own, for speed: the crate's
 //! `Tokenizer::encode` carries a per-byte alignment table through every
 //! split and allocates a `String` per piece and per token, which made 1 MB
@@ -20,18 +22,17 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
-use tokenizers::utils::SysRegex;
-
 use super::byte_level::byte_to_char;
 use super::hash::FastMap;
 use super::pre_tokenizer::PreTokenizerSpec;
+use super::splitter::Splitter;
 use super::vocab::Vocab;
 use super::TokenizerError;
 
 /// A byte-level BPE text encoder (special tokens are handled by the caller).
 pub(crate) struct ByteLevelBpe {
     /// Split regexes, applied in order, each to the pieces the previous left.
-    regexes: Arc<[SysRegex]>,
+    regexes: Arc<[Splitter]>,
     /// Token of each byte's GPT-2 character (`None`: the byte is dropped).
     byte_ids: [Option<u32>; 256],
     /// `(left, right)` → `(rank, merged token)`.
@@ -143,10 +144,10 @@ impl ByteLevelBpe {
             .iter()
             .enumerate()
             .map(|(index, regex)| {
-                SysRegex::new(regex).map_err(|e| TokenizerError::BadRegex {
+                Splitter::new(regex).map_err(|what| TokenizerError::BadRegex {
                     pre: pre_name.to_string(),
                     index,
-                    what: e.to_string(),
+                    what,
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
@@ -191,7 +192,7 @@ impl ByteLevelBpe {
             return;
         };
         let mut done = 0;
-        for (start, end) in regex.find_iter(text) {
+        regex.for_each_match(text, |start, end| {
             if start > done {
                 self.split(level + 1, &text[done..start], emit);
             }
@@ -199,7 +200,7 @@ impl ByteLevelBpe {
                 self.split(level + 1, &text[start..end], emit);
             }
             done = end;
-        }
+        });
         if done < text.len() {
             self.split(level + 1, &text[done..], emit);
         }

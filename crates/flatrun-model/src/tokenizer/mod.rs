@@ -24,6 +24,7 @@ mod hash;
 mod hf;
 mod pre_tokenizer;
 mod special;
+mod splitter;
 mod spm;
 mod stream;
 mod text_table;
@@ -57,7 +58,7 @@ enum Engine {
     /// GGUF byte-level BPE on the `tokenizers` crate.
     ByteLevelBpe(Box<ByteLevelBpe>),
     /// GGUF SentencePiece, merged by score.
-    SentencePiece,
+    SentencePiece(Box<spm::SentencePiece>),
     /// A Hugging Face `tokenizer.json`, run by the `tokenizers` crate
     /// (with special tokens encoded as text: they are cut out beforehand).
     HuggingFace(Box<tokenizers::Tokenizer>),
@@ -149,9 +150,10 @@ impl Tokenizer {
                 let add_bos = r.bool("tokenizer.ggml.add_bos_token")?.unwrap_or(true);
                 let add_eos = r.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
                 let add_space_prefix = r.bool("tokenizer.ggml.add_space_prefix")?.unwrap_or(true);
+                let engine = spm::SentencePiece::new(&vocab);
                 Ok(Self::assemble(
                     vocab,
-                    Engine::SentencePiece,
+                    Engine::SentencePiece(Box::new(engine)),
                     PieceStyle::SentencePiece,
                     add_bos,
                     add_eos,
@@ -265,7 +267,7 @@ impl Tokenizer {
                 bpe.encode(&self.vocab, text, out);
                 Ok(())
             }
-            Engine::SentencePiece => {
+            Engine::SentencePiece(sentence_piece) => {
                 let mut escaped = String::with_capacity(text.len() + 3);
                 if self.add_space_prefix && after_special {
                     escaped.push('▁');
@@ -273,7 +275,7 @@ impl Tokenizer {
                 for c in text.chars() {
                     escaped.push(if c == ' ' { '▁' } else { c });
                 }
-                spm::encode(&self.vocab, &escaped, out);
+                sentence_piece.encode(&self.vocab, &escaped, out);
                 Ok(())
             }
             Engine::HuggingFace(hf) => {

@@ -34,8 +34,14 @@ struct Special {
 pub(crate) struct SpecialTokens {
     by_length: Vec<Special>,
     /// For each first byte (the index), the distinct lengths of special
-    /// tokens starting with it; empty until built.
+    /// tokens starting with it that are not runs of one byte; empty until built.
     lengths_by_first_byte: Vec<Vec<usize>>,
+    /// Special tokens that repeat one byte (`"\n\n"`, four spaces: Gemma 3
+    /// has ninety), as `(byte, length, position in by_length)`: such a token
+    /// occurs exactly when the text has a run of that byte at least that
+    /// long, which one pass finds (probing every space for thirty lengths
+    /// took most of Gemma 3's tokenizing time).
+    runs: Vec<(u8, usize, usize)>,
     /// Text → position in `by_length` (keys are vocabulary texts, so the
     /// fast unkeyed hash is safe here).
     position: FastMap<String, usize>,
@@ -70,17 +76,27 @@ impl SpecialTokens {
         by_length.retain(|s| !s.text.is_empty());
         by_length.sort_by_key(|s| std::cmp::Reverse(s.text.len()));
         let mut lengths_by_first_byte: Vec<Vec<usize>> = vec![Vec::new(); 256];
+        let mut runs = Vec::new();
         let mut position = FastMap::default();
         for (i, s) in by_length.iter().enumerate() {
-            let lengths = &mut lengths_by_first_byte[s.text.as_bytes()[0] as usize];
-            if !lengths.contains(&s.text.len()) {
-                lengths.push(s.text.len());
+            let bytes = s.text.as_bytes();
+            let first = bytes[0];
+            let first_of_its_text = *position.entry(s.text.clone()).or_insert(i) == i;
+            if bytes.iter().all(|&b| b == first) {
+                if first_of_its_text {
+                    runs.push((first, bytes.len(), i));
+                }
+            } else {
+                let lengths = &mut lengths_by_first_byte[first as usize];
+                if !lengths.contains(&bytes.len()) {
+                    lengths.push(bytes.len());
+                }
             }
-            position.entry(s.text.clone()).or_insert(i);
         }
         SpecialTokens {
             by_length,
             lengths_by_first_byte,
+            runs,
             position,
         }
     }
@@ -89,6 +105,26 @@ impl SpecialTokens {
     fn occurring(&self, text: &str, parse_special: bool) -> Vec<usize> {
         let bytes = text.as_bytes();
         let mut found = HashSet::new();
+        let wanted = |s: &Special| parse_special || !s.needs_parse_special;
+        if !self.runs.is_empty() {
+            // The longest run of each byte value.
+            let mut longest = [0usize; 256];
+            let mut run = 0;
+            for (at, &b) in bytes.iter().enumerate() {
+                run = if at > 0 && bytes[at - 1] == b {
+                    run + 1
+                } else {
+                    1
+                };
+                let slot = &mut longest[b as usize];
+                *slot = (*slot).max(run);
+            }
+            for &(b, len, pos) in &self.runs {
+                if longest[b as usize] >= len && wanted(&self.by_length[pos]) {
+                    found.insert(pos);
+                }
+            }
+        }
         for (at, &b) in bytes.iter().enumerate() {
             let Some(lengths) = self.lengths_by_first_byte.get(b as usize) else {
                 continue;

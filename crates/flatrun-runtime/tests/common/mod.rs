@@ -1,5 +1,10 @@
-//! Helpers shared by the integration tests: finding the real models.
+//! Helpers shared by the integration tests: finding the real models
+//! (here), logit fixtures and their comparison ([`logits`]), synthetic
+//! checkpoints ([`synthetic`]).
 #![allow(dead_code)]
+
+pub mod logits;
+pub mod synthetic;
 
 use std::path::PathBuf;
 

@@ -1,0 +1,492 @@
+//! Fused kernels for MLX affine 4- and 8-bit weights (`w = s·q + b` per group).
+//!
+//! The activations are quantized once per call to Q8 blocks of 32 (`d·a`, with
+//! `s_a = f16(d·Σa)` as ggml's Q8_1 stores it), so each 32-value block of a row is
+//! one integer dot. With `q` the block's unsigned values and `(s, b)` its group's
+//! scale and bias:
+//!
+//! ```text
+//! Σ w·x ≈ s·d·Σ q·a + b·s_a                        (unsigned path)
+//!       = s·d·Σ (q − 2^(bits−1))·a + (b + 2^(bits−1)·s)·s_a   (centred path)
+//! ```
+//!
+//! The two are the same sum; each width takes the one that makes the kernel
+//! compute exactly ggml's dot where the MLX layout *is* a GGML format (what
+//! `mlx.core.load` makes of a GGUF):
+//! - 4-bit, group 32 is Q4_1 (`d = s`, `m = b`): the unsigned path, `s·d·Σq·a`
+//!   per block plus `m·s_a`, as `ggml_vec_dot_q4_1_q8_1`. (A Q4_0 copy has
+//!   `b = −8·s` and gives the same sum up to the f16 rounding of `s_a`; a Q4_1
+//!   group can have `b = −8·s` too, so the two cannot be told apart.)
+//! - 8-bit, group 32 with `b = −128·s` is Q8_0: the centred path, whose leftover
+//!   bias `b + 128·s` is then exactly 0, leaving `ggml_vec_dot_q8_0_q8_0`.
+//!   8-bit weights always take the centred path (unsigned 8-bit values would
+//!   overflow `maddubs`' 16-bit pair sums).
+//!
+//! The SIMD versions keep ggml's AVX2 lane structure (one 8-lane f32
+//! accumulator, `fmadd` of the block's scale product, the bias terms summed
+//! apart with an FMA each, one horizontal sum), so a converted Q4_1/Q8_0 row
+//! gives llama.cpp's numbers bit for bit at every x86 level; the scalar version
+//! sums block by block like ggml's generic code. Groups must be whole multiples
+//! of 32 values (MLX's 32, 64 and 128); other widths and groups decode the row
+//! instead (see [`supports`]).
+
+use std::cell::RefCell;
+
+use flatrun_format::{DType, GgmlType};
+use half::{bf16, f16};
+
+use super::quantize::{quantize_q8, BlockQ8, QK8};
+use super::{NativeKernels, Partner};
+use crate::weight::WeightFormat;
+use crate::{KernelError, SimdLevel, Weight};
+
+/// How one MLX tensor is laid out, as the kernels need it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MlxLayout {
+    /// 4 or 8.
+    pub bits: u32,
+    /// Values per scale/bias pair, a multiple of 32.
+    pub group: usize,
+    /// Storage of the scales and biases.
+    pub scales: ScaleKind,
+}
+
+/// Storage type of MLX scales and biases.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScaleKind {
+    F16,
+    BF16,
+    F32,
+}
+
+impl ScaleKind {
+    /// Value `i` of a little-endian array of this type (`bytes` holds at least `i + 1`).
+    #[inline(always)]
+    fn read(self, bytes: &[u8], i: usize) -> f32 {
+        match self {
+            ScaleKind::F16 => f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            ScaleKind::BF16 => bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
+            ScaleKind::F32 => f32::from_le_bytes([
+                bytes[4 * i],
+                bytes[4 * i + 1],
+                bytes[4 * i + 2],
+                bytes[4 * i + 3],
+            ]),
+        }
+    }
+}
+
+/// The fused layout of `format`, or `None` when it has no fused kernel
+/// (other bit widths, groups that are not whole Q8 blocks, odd scale dtypes).
+pub(crate) fn supports(format: WeightFormat) -> Option<MlxLayout> {
+    let WeightFormat::MlxAffine {
+        bits,
+        group_size,
+        scale_dtype,
+    } = format
+    else {
+        return None;
+    };
+    let scales = match scale_dtype {
+        DType::Ggml(GgmlType::F16) => ScaleKind::F16,
+        DType::Ggml(GgmlType::BF16) => ScaleKind::BF16,
+        DType::Ggml(GgmlType::F32) => ScaleKind::F32,
+        _ => return None,
+    };
+    let group = group_size as usize;
+    let fused = matches!(bits, 4 | 8) && group > 0 && group % QK8 == 0;
+    fused.then_some(MlxLayout {
+        bits: bits as u32,
+        group,
+        scales,
+    })
+}
+
+/// Whether `format` is an MLX layout with a fused kernel (for [`super::partner`]).
+pub(crate) fn partner(format: WeightFormat) -> Option<Partner> {
+    supports(format).map(|_| Partner::MlxQ8)
+}
+
+/// Weight rows (`rows.len() / row_bytes` of them, with their scales and biases)
+/// × a tile of 1..=4 Q8 token rows; writes `out[r * acts.len() + t]`.
+pub(crate) type MlxRows = fn(MlxLayout, &MlxRowsData, &[&[BlockQ8]], &mut [f32]);
+
+/// A group of whole rows of one MLX weight.
+pub(crate) struct MlxRowsData<'a> {
+    /// Packed values, `row_bytes` per row.
+    pub data: &'a [u8],
+    /// Scales, `scale_row_bytes` per row.
+    pub scales: &'a [u8],
+    /// Biases, `scale_row_bytes` per row.
+    pub biases: &'a [u8],
+    pub row_bytes: usize,
+    pub scale_row_bytes: usize,
+}
+
+impl MlxRowsData<'_> {
+    /// Number of whole rows held (0 when a part is short).
+    fn n_rows(&self) -> usize {
+        if self.row_bytes == 0 || self.scale_row_bytes == 0 {
+            return 0;
+        }
+        (self.data.len() / self.row_bytes)
+            .min(self.scales.len() / self.scale_row_bytes)
+            .min(self.biases.len() / self.scale_row_bytes)
+    }
+
+    /// Row `r`: its packed values, scales and biases.
+    fn row(&self, r: usize) -> (&[u8], &[u8], &[u8]) {
+        let (rb, sb) = (self.row_bytes, self.scale_row_bytes);
+        (
+            &self.data[r * rb..(r + 1) * rb],
+            &self.scales[r * sb..(r + 1) * sb],
+            &self.biases[r * sb..(r + 1) * sb],
+        )
+    }
+}
+
+/// The kernel for `level` (which the caller has checked the host supports).
+pub(crate) fn rows_for_level(level: SimdLevel) -> MlxRows {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx2 | SimdLevel::Avx512 => x86::avx2::rows,
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512Vnni => x86::vnni::rows,
+        _ => rows_scalar,
+    }
+}
+
+thread_local! {
+    /// Caller-side quantized activations, reused across calls.
+    static ACTS: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
+}
+
+impl NativeKernels {
+    /// `out = W·x` for an MLX 4/8-bit weight: quantize the activations once, then
+    /// fused integer dots over rows split across the pool.
+    pub(super) fn matmul_mlx(
+        &self,
+        w: &Weight,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let Some(layout) = supports(w.format) else {
+            return Err(KernelError::UnsupportedFormat {
+                tensor: String::new(),
+                format: w.format.to_string(),
+            });
+        };
+        let (scales, biases) = match (w.scales, w.biases) {
+            (Some(s), Some(b)) => (s, b),
+            _ => {
+                return Err(KernelError::UnsupportedFormat {
+                    tensor: String::new(),
+                    format: format!("{} without scales and biases", w.format),
+                })
+            }
+        };
+        let cols = w.cols;
+        let (rb, sb) = (w.row_bytes(), w.scale_row_bytes());
+        let kernel = rows_for_level(self.level());
+
+        // Quantize every token's activations once, into the reused buffer.
+        let mut acts = ACTS.with(|c| c.take());
+        acts.clear();
+        acts.resize(n_tokens * cols / QK8, BlockQ8::default());
+        quantize_q8(x, &mut acts);
+
+        // Rows split over the pool; each call gets whole rows of the packed data,
+        // and finds their scales and biases from the rows' position.
+        let base = w.data.as_ptr() as usize;
+        self.for_rows(w, &acts, cols / QK8, n_tokens, out, |rows, tile, o| {
+            let r0 = (rows.as_ptr() as usize - base) / rb.max(1);
+            let n = rows.len() / rb.max(1);
+            let span = r0 * sb..(r0 + n) * sb;
+            let data = MlxRowsData {
+                data: rows,
+                scales: scales.get(span.clone()).unwrap_or(&[]),
+                biases: biases.get(span).unwrap_or(&[]),
+                row_bytes: rb,
+                scale_row_bytes: sb,
+            };
+            kernel(layout, &data, tile, o)
+        });
+        ACTS.with(|c| c.replace(acts));
+        Ok(())
+    }
+}
+
+/// `2^(bits−1)`: the centre that makes the values signed.
+#[inline(always)]
+fn centre(bits: u32) -> i32 {
+    1 << (bits - 1)
+}
+
+/// Value `j` (0..32) of the 32-value block at `blk` (4 bits: two per byte, low nibble first).
+#[inline(always)]
+fn value(bits: u32, blk: &[u8], j: usize) -> i32 {
+    if bits == 4 {
+        ((blk[j / 2] >> (4 * (j % 2))) & 0xF) as i32
+    } else {
+        blk[j] as i32
+    }
+}
+
+/// Portable kernel: the same integer dots one value at a time, summed block by block.
+pub(crate) fn rows_scalar(
+    layout: MlxLayout,
+    rows: &MlxRowsData,
+    acts: &[&[BlockQ8]],
+    out: &mut [f32],
+) {
+    let n = acts.len().max(1);
+    let block_bytes = QK8 * layout.bits as usize / 8;
+    let blocks_per_group = layout.group / QK8;
+    let c = centre(layout.bits);
+    for (r, o) in (0..rows.n_rows()).zip(out.chunks_exact_mut(n)) {
+        let (data, scales, biases) = rows.row(r);
+        for (a, o) in acts.iter().zip(o.iter_mut()) {
+            let mut sum = 0f32;
+            for (i, (blk, ab)) in data.chunks_exact(block_bytes).zip(a.iter()).enumerate() {
+                let g = i / blocks_per_group;
+                let (s, b) = (layout.scales.read(scales, g), layout.scales.read(biases, g));
+                // 8-bit values are centred (Q8_0's dot), 4-bit ones used as they are (Q4_1's).
+                let centred = layout.bits == 8;
+                let shift = if centred { c } else { 0 };
+                let sumi: i32 = (0..QK8)
+                    .map(|j| (value(layout.bits, blk, j) - shift) * ab.qs[j] as i32)
+                    .sum();
+                // The bias left after centring (0 for a Q8_0 copy), times Σ of the activations.
+                let rest = if centred { b + c as f32 * s } else { b };
+                sum += s * ab.d * sumi as f32 + rest * ab.s;
+            }
+            *o = sum;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! AVX2 (`maddubs`) and AVX-512 VNNI (`vpdpbusd`) versions.
+    //!
+    //! # Safety (every `unsafe fn` below)
+    //! The caller must run on a CPU with the module's target features and pass a
+    //! row of whole groups with its scales and biases, and 1..=4 activation rows
+    //! holding at least one Q8 block per 32 values of the row (checked by `rows`).
+
+    use std::arch::x86_64::*;
+
+    /// `Σ` of 4-byte groups of `u8 × i8` products, AVX2: `maddubs` then `madd` with ones.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn mul_sum_maddubs(ax: __m256i, sy: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1))
+    }
+
+    /// The same with one VNNI instruction.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn mul_sum_vnni(ax: __m256i, sy: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
+    }
+
+    macro_rules! mlx_kernels {
+        ($level:ident, $features:literal, $mul_sum:path) => {
+            pub(crate) mod $level {
+                use std::arch::x86_64::*;
+
+                use super::super::{centre, rows_scalar, MlxLayout, MlxRowsData, ScaleKind};
+                use crate::native::quantize::{BlockQ8, QK8};
+
+                /// Horizontal sum of 8 floats (ggml's `hsum_float_8` order).
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn hsum(v: __m256) -> f32 {
+                    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                    _mm_cvtss_f32(s)
+                }
+
+                /// The 32 values of a block as unsigned bytes, in value order.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn unpack<const BITS: u32>(p: *const u8) -> __m256i {
+                    if BITS == 4 {
+                        // Byte j holds values 2j (low nibble) and 2j+1: interleave the nibbles.
+                        let b = _mm_loadu_si128(p as *const __m128i);
+                        let m = _mm_set1_epi8(0x0F);
+                        let lo = _mm_and_si128(b, m);
+                        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+                        _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi))
+                    } else {
+                        _mm256_loadu_si256(p as *const __m256i)
+                    }
+                }
+
+                /// Scale (or bias) `g` of a row's little-endian array.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn scale_at(kind: ScaleKind, p: *const u8, g: usize) -> f32 {
+                    match kind {
+                        ScaleKind::F16 => {
+                            let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
+                            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+                        }
+                        ScaleKind::BF16 => {
+                            let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
+                            f32::from_bits((bits as u32) << 16)
+                        }
+                        ScaleKind::F32 => f32::from_le_bytes([
+                            *p.add(4 * g),
+                            *p.add(4 * g + 1),
+                            *p.add(4 * g + 2),
+                            *p.add(4 * g + 3),
+                        ]),
+                    }
+                }
+
+                /// One row × a tile of `N` Q8 token rows.
+                #[target_feature(enable = $features)]
+                unsafe fn row_n<const BITS: u32, const N: usize>(
+                    layout: MlxLayout,
+                    row: &[u8],
+                    scales: *const u8,
+                    biases: *const u8,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    let block_bytes = QK8 * BITS as usize / 8;
+                    let blocks_per_group = layout.group / QK8;
+                    let n_groups = row.len() / (block_bytes * blocks_per_group);
+                    let c = centre(BITS);
+                    let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
+                    let mut acc = [_mm256_setzero_ps(); N];
+                    let mut bias_terms = [0f32; N];
+                    for g in 0..n_groups {
+                        let s = scale_at(layout.scales, scales, g);
+                        let b = scale_at(layout.scales, biases, g);
+                        // 8-bit values are centred (Q8_0's dot), 4-bit ones used as they
+                        // are (Q4_1's); the bias left after centring is 0 for a Q8_0 copy.
+                        let centred = BITS == 8;
+                        let rest = if centred { b + c as f32 * s } else { b };
+                        for k in 0..blocks_per_group {
+                            let i = g * blocks_per_group + k;
+                            let q = unpack::<BITS>(row.as_ptr().add(i * block_bytes));
+                            if centred {
+                                // Signed values; |q| against sign-adjusted activations (ggml's trick).
+                                let qs = _mm256_sub_epi8(q, centre_bytes);
+                                let ax = _mm256_sign_epi8(qs, qs);
+                                for t in 0..N {
+                                    let a = acts.get_unchecked(t).get_unchecked(i);
+                                    let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                                    let p =
+                                        _mm256_cvtepi32_ps($mul_sum(ax, _mm256_sign_epi8(ay, qs)));
+                                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
+                                    if rest != 0.0 {
+                                        bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
+                                    }
+                                }
+                            } else {
+                                // Unsigned 4-bit values straight into `maddubs` (Q4_1).
+                                for t in 0..N {
+                                    let a = acts.get_unchecked(t).get_unchecked(i);
+                                    let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                                    let p = _mm256_cvtepi32_ps($mul_sum(q, ay));
+                                    // ggml's `summs += m·s`, which GCC contracts to an FMA.
+                                    bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
+                                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
+                                }
+                            }
+                        }
+                    }
+                    for t in 0..N {
+                        out[t] = hsum(acc[t]) + bias_terms[t];
+                    }
+                }
+
+                /// Every row of `rows` × the tile, `BITS` fixed.
+                #[target_feature(enable = $features)]
+                unsafe fn rows_bits<const BITS: u32, const N: usize>(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    n_rows: usize,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    for r in 0..n_rows {
+                        let (data, scales, biases) = rows.row(r);
+                        row_n::<BITS, N>(
+                            layout,
+                            data,
+                            scales.as_ptr(),
+                            biases.as_ptr(),
+                            acts,
+                            &mut out[r * N..(r + 1) * N],
+                        );
+                    }
+                }
+
+                /// Rows × a tile of 1..=4 Q8 token rows (falls back to the scalar
+                /// kernel on arguments it cannot prove in bounds).
+                pub(crate) fn rows(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    let n_rows = rows.n_rows();
+                    let block_bytes = QK8 * layout.bits as usize / 8;
+                    let group_bytes = block_bytes * (layout.group / QK8);
+                    let n_groups = rows.row_bytes / group_bytes.max(1);
+                    let need_blocks = rows.row_bytes / block_bytes.max(1);
+                    let ok = group_bytes > 0
+                        && rows.row_bytes % group_bytes == 0
+                        && rows.scale_row_bytes >= n_groups * layout.scales.size()
+                        && (1..=4).contains(&acts.len())
+                        && out.len() >= n_rows * acts.len()
+                        && acts.iter().all(|a| a.len() >= need_blocks);
+                    if !ok {
+                        return rows_scalar(layout, rows, acts, out);
+                    }
+                    // SAFETY: the host supports this module's features (checked before the
+                    // dispatch handed this function out), and `ok` proved every row holds
+                    // whole groups with their scales and biases, and every activation row
+                    // holds a Q8 block per 32 values.
+                    unsafe {
+                        match (layout.bits, acts.len()) {
+                            (4, 1) => rows_bits::<4, 1>(layout, rows, n_rows, acts, out),
+                            (4, 2) => rows_bits::<4, 2>(layout, rows, n_rows, acts, out),
+                            (4, 3) => rows_bits::<4, 3>(layout, rows, n_rows, acts, out),
+                            (4, _) => rows_bits::<4, 4>(layout, rows, n_rows, acts, out),
+                            (8, 1) => rows_bits::<8, 1>(layout, rows, n_rows, acts, out),
+                            (8, 2) => rows_bits::<8, 2>(layout, rows, n_rows, acts, out),
+                            (8, 3) => rows_bits::<8, 3>(layout, rows, n_rows, acts, out),
+                            (8, _) => rows_bits::<8, 4>(layout, rows, n_rows, acts, out),
+                            _ => rows_scalar(layout, rows, acts, out),
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    mlx_kernels!(avx2, "avx2,fma,f16c", super::mul_sum_maddubs);
+    mlx_kernels!(
+        vnni,
+        "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+        super::mul_sum_vnni
+    );
+}
+
+impl ScaleKind {
+    /// Bytes per value (for the SIMD kernels' bounds check).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub(crate) fn size(self) -> usize {
+        match self {
+            ScaleKind::F16 | ScaleKind::BF16 => 2,
+            ScaleKind::F32 => 4,
+        }
+    }
+}
