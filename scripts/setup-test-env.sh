@@ -22,14 +22,24 @@ fi
 # Pinned: the synthetic checkpoints of tests/families.rs are checked by sha256,
 # so the GGUF writer (and numpy's RNG) must not drift.
 py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0"
-if ! "$venv/bin/pip" freeze 2>/dev/null | grep -qx "gguf==0.19.0"; then
-  echo "setup: installing Python test tools ($py_pins)" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check $py_pins
-fi
 # The real MLX (its Linux CPU build) writes the MLX checkpoints of
 # crates/flatrun-runtime/tests/mlx_parity.rs.
 mlx_pin="mlx[cpu]==0.32.4"
-if ! "$venv/bin/pip" freeze 2>/dev/null | grep -x "mlx==0.32.4" >/dev/null; then
+# What is installed, read once into a variable: piping `pip freeze` into
+# `grep -q` would let grep exit at the first match and pip die of SIGPIPE,
+# which `pipefail` turns into "not installed" and a spurious reinstall.
+installed=$("$venv/bin/pip" freeze 2>/dev/null || true)
+has_pins() {
+  local pin
+  for pin in "$@"; do
+    grep -qxF "${pin/\[cpu\]/}" <<<"$installed" || return 1
+  done
+}
+if ! has_pins $py_pins; then
+  echo "setup: installing Python test tools ($py_pins)" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check $py_pins
+fi
+if ! has_pins "$mlx_pin"; then
   echo "setup: installing $mlx_pin" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pin"
 fi

@@ -6,10 +6,10 @@
 #   qemu -cpu max         NEON + dotprod: levels scalar, neon, neondot
 #   qemu -cpu cortex-a72  NEON, no dotprod: levels scalar, neon
 #
-# (The parity tests also walk every level the emulated CPU reports, so each
-# run checks the NEON and dotprod kernels against the reference whatever
-# FLATRUN_SIMD says; the variable caps what `simd_level()` picks, which the
-# rest of the tests use.) Installs the cross linker and qemu when missing
+# (The parity tests, tests/parity.rs and tests/mlx_affine.rs, also walk every
+# level the emulated CPU reports, so each run checks the NEON and dotprod
+# kernels, GGML and MLX, against the reference whatever FLATRUN_SIMD says;
+# the variable caps what `simd_level()` picks, which the rest of the tests use.) Installs the cross linker and qemu when missing
 # (Debian/Ubuntu, apt-get). Timing under qemu means nothing; this is a
 # correctness run. Extra arguments go to every `cargo test` (e.g. `-- --nocapture`).
 #

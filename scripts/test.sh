@@ -5,4 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 eval "$(scripts/setup-test-env.sh)"
 export FLATRUN_REQUIRE_MODELS=1
+# The aarch64 kernels (NEON, sdot; flatrun-kernels has no C dependency, so no
+# cross compiler is needed) must at least compile: checked when the
+# target's standard library is installed (`rustup target add aarch64-unknown-linux-gnu`);
+# scripts/test-aarch64.sh runs their tests under qemu.
+installed_targets=$(rustup target list --installed 2>/dev/null || true)
+if grep -qx aarch64-unknown-linux-gnu <<<"$installed_targets"; then
+  cargo check --target aarch64-unknown-linux-gnu -p flatrun-kernels --all-targets
+else
+  echo "test.sh: aarch64 target not installed, skipping its cargo check" >&2
+fi
 cargo test --release --workspace "$@"

@@ -12,7 +12,15 @@ the machine's noise:
                Decode tokens/s and time to first token (a cold prefill of a
                short prompt). llama.cpp: `-lm mmap --repack 0` (its repacked
                weights could not be paged out); Flatrun: `--residency cap=SIZE`
-               with SIZE = cgroup limit - its own anonymous memory - headroom.
+               with SIZE = cgroup limit - its own steady anonymous memory -
+               headroom. Both start cold (`--no-warmup`). The disk's cold read
+               bandwidth is measured just before Flatrun's run (O_DIRECT, 4 MiB
+               reads of the model file), which gives the I/O floor: the bytes
+               Flatrun re-reads per token / that bandwidth; the share of the
+               floor reached is reported.
+   serving   - (with capped) Flatrun decoding --serve-batch sequences together
+               under the same cap, against one: each streamed layer is read once
+               per step for the whole batch, so tokens/s should scale.
 3. memory    - peak of each run: the cgroup's peak (capped runs) and the
                process's RSS split into anonymous and file-backed.
 
@@ -191,9 +199,11 @@ def llama_bench(args, model: Path, p: int, n: int, extra: list[str], cgroup=None
     return out, res
 
 
-def flatrun_bench(args, model: Path, p: int, n: int, residency: str, cgroup=None, reps: int = 1):
+def flatrun_bench(args, model: Path, p: int, n: int, residency: str, cgroup=None, reps: int = 1,
+                  extra: list[str] | None = None):
     cmd = [args.flatrun, "bench", "-m", str(model), "--threads", str(args.threads),
            "-p", str(p), "-n", str(n), "-r", str(reps), "--residency", residency, "--json", "-q"]
+    cmd += extra or []
     res = run_measured(cmd, cgroup)
     if res.returncode != 0:
         raise RuntimeError(f"flatrun bench failed ({res.returncode}): {res.stderr[-2000:]}")
@@ -201,8 +211,37 @@ def flatrun_bench(args, model: Path, p: int, n: int, residency: str, cgroup=None
     out = {}
     for r in rows:
         tps = r["median_tok_s"]
-        out[r["test"]] = {"tok_s": tps, "seconds": r["tokens"] / tps if tps else float("inf")}
+        out[r["test"]] = {"tok_s": tps, "seconds": r["tokens"] / tps if tps else float("inf"),
+                          "streamed_bytes_per_token": r.get("streamed_bytes_per_token"),
+                          "anon_after_bytes": r.get("anon_after_bytes")}
     return out, res
+
+
+def disk_read_bandwidth(path: Path, block: int = 4 * MIB) -> float | None:
+    """Cold sequential read bandwidth of `path` in bytes/s: O_DIRECT reads of
+    `block` bytes into an aligned buffer (the page cache is bypassed, like
+    Flatrun's capped reader); None where O_DIRECT is unsupported."""
+    import mmap
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except (OSError, AttributeError):
+        return None
+    try:
+        buf = mmap.mmap(-1, block)  # page-aligned
+        size = os.fstat(fd).st_size // 4096 * 4096
+        t0 = time.perf_counter()
+        off = 0
+        while off < size:
+            n = os.preadv(fd, [buf], off)
+            if n <= 0:
+                break
+            off += n
+        return off / (time.perf_counter() - t0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 # --------------------------------------------------------------------------
@@ -236,22 +275,34 @@ def resident_round(args, model: Path, s: Samples, flatrun_first: bool) -> None:
             f"(anon {res.peak_anon / MIB:.1f})")
 
 
-def flatrun_anon_overhead(args, model: Path) -> int:
-    """Flatrun's own anonymous memory in stream mode (KV, buffers, tokenizer)."""
-    _, res = flatrun_bench(args, model, 16, 4, "stream")
-    return res.peak_anon
+def flatrun_anon_overhead(args, model: Path, batch: int = 1) -> tuple[int, int]:
+    """Flatrun's own anonymous memory in stream mode (KV, buffers, tokenizer,
+    and with `batch` > 1 the logits of every sequence): (steady state after the
+    test as the bench reports it, peak while loading)."""
+    out, res = flatrun_bench(args, model, args.ttft_prompt if batch == 1 else 0, 4, "stream",
+                             extra=["--batch", str(batch)] if batch > 1 else None)
+    steady = max((v.get("anon_after_bytes") or 0) for v in out.values())
+    return (steady or res.peak_anon), res.peak_anon
 
 
-def capped_round(args, model: Path, s: Samples, flatrun_first: bool, anon: int, rnd: int) -> None:
+def capped_round(args, model: Path, s: Samples, flatrun_first: bool, anon: int, rnd: int,
+                 anon_serve: int = 0) -> None:
     size = model.stat().st_size
     limit = int(size * args.cap_fraction)
     keep = max(0, limit - anon - args.headroom_mib * MIB)
     flat_res = f"cap={keep // MIB}M" if keep > 0 else "stream"
+    # A batch holds more anonymous memory (each sequence's logits): its cap is
+    # sized from its own measurement, so the kept weights still fit.
+    keep_serve = max(0, limit - max(anon, anon_serve) - args.headroom_mib * MIB)
+    serve_res = f"cap={keep_serve // MIB}M" if keep_serve > 0 else "stream"
     contestants = [
-        ("flatrun", lambda p, n, cg: flatrun_bench(args, model, p, n, flat_res, cg)),
+        ("flatrun", lambda p, n, cg: flatrun_bench(args, model, p, n, flat_res, cg,
+                                                   extra=["--no-warmup"])),
         ("llama", lambda p, n, cg: llama_bench(args, model, p, n,
                                                ["-lm", "mmap", "--repack", "0", "--no-warmup"], cg)),
     ]
+    if "llama" in args.skip:
+        contestants = contestants[:1]  # Flatrun alone: its I/O floor and serving scaling
     if not flatrun_first:
         contestants.reverse()
     for who, fn in contestants:
@@ -264,7 +315,9 @@ def capped_round(args, model: Path, s: Samples, flatrun_first: bool, anon: int, 
             finally:
                 cg.remove()
             ttft = out[f"pp{args.ttft_prompt}"]["seconds"]
-            # Decode under the cap, starting cold.
+            # Decode under the cap, starting cold (Flatrun: with the disk's
+            # bandwidth measured right before, for the I/O floor).
+            bw = disk_read_bandwidth(model) if who == "flatrun" else None
             drop_page_cache(model)
             cg = Cgroup(limit, f"flatrun-race-{os.getpid()}-{who}-tg-{rnd}")
             try:
@@ -284,8 +337,37 @@ def capped_round(args, model: Path, s: Samples, flatrun_first: bool, anon: int, 
         s.add(f"{who}.capped.peak_anon_mib", res.peak_anon / MIB)
         s.add(f"{who}.capped.peak_file_mib", res.peak_file / MIB)
         extra = f" ({flat_res})" if who == "flatrun" else ""
+        floor = ""
+        streamed = out[f"tg{args.capped_gen}"].get("streamed_bytes_per_token")
+        if who == "flatrun" and streamed and bw:
+            # I/O floor: the tokens/s the disk allows for the bytes re-read per token.
+            floor_tg = bw / streamed
+            s.add("flatrun.capped.disk_mb_s", bw / 1e6)
+            s.add("flatrun.capped.streamed_mib_per_token", streamed / MIB)
+            s.add("flatrun.capped.io_floor_tg", floor_tg)
+            s.add("flatrun.capped.io_floor_share", tg / floor_tg)
+            floor = (f"  [{streamed / MIB:.0f} MiB/token re-read, disk {bw / 1e6:.0f} MB/s: "
+                     f"floor {floor_tg:.2f} t/s, {100 * tg / floor_tg:.0f}% of it]")
         log(f"    {who:8s} capped {limit / MIB:6.0f} MiB{extra}: tg{args.capped_gen} {tg:6.2f} t/s  "
-            f"TTFT {ttft:6.2f} s  cgroup peak {(res.cgroup_peak or 0) / MIB:6.1f} MiB")
+            f"TTFT {ttft:6.2f} s  cgroup peak {(res.cgroup_peak or 0) / MIB:6.1f} MiB{floor}")
+        if who == "flatrun" and args.serve_batch > 1:
+            # Capped serving: the same cap, `serve_batch` sequences stepped together.
+            drop_page_cache(model)
+            cg = Cgroup(limit, f"flatrun-race-{os.getpid()}-{who}-serve-{rnd}")
+            try:
+                sout, _ = flatrun_bench(args, model, 0, args.capped_gen, serve_res, cg,
+                                        extra=["--no-warmup", "--batch", str(args.serve_batch)])
+            except RuntimeError as e:
+                s.add("flatrun.serving.failures", 1)
+                log(f"    flatrun  serving x{args.serve_batch}: FAILED ({str(e).splitlines()[0][:200]})")
+            else:
+                btg = sout[f"tg{args.capped_gen}"]["tok_s"]
+                s.add("flatrun.serving.batch_tg", btg)
+                s.add("flatrun.serving.scaling", btg / tg)
+                log(f"    flatrun  serving x{args.serve_batch} {limit / MIB:6.0f} MiB ({serve_res}): {btg:6.2f} t/s "
+                    f"= {btg / tg:.2f}x one sequence")
+            finally:
+                cg.remove()
 
 
 def summarize(values: list[float]) -> dict:
@@ -313,7 +395,8 @@ def print_table(rows: list[dict]) -> None:
     print("| model | metric | flatrun (median) | llama.cpp (median) | ratio median | ratio min | ratio max |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['model']} | {r['metric']} | {r['flatrun']['median']:.2f} | {r['llama_cpp']['median']:.2f} | "
+        llama = f"{r['llama_cpp']['median']:.2f}" if r["llama_cpp"] else "—"
+        print(f"| {r['model']} | {r['metric']} | {r['flatrun']['median']:.2f} | {llama} | "
               f"{r['ratio']['median']:.2f}× | {r['ratio']['min']:.2f}× | {r['ratio']['max']:.2f}× |")
 
 
@@ -326,7 +409,7 @@ def draw_chart(rows: list[dict], path: Path) -> bool:
     except ImportError:
         log("matplotlib not installed: no chart (pip install matplotlib)")
         return False
-    speed = [r for r in rows if r["metric"].endswith("t/s")]
+    speed = [r for r in rows if r["metric"].endswith("t/s") and r["llama_cpp"]]
     if not speed:
         return False
     labels = [f"{r['model']}\n{r['metric'].replace(' t/s', '')}" for r in speed]
@@ -371,9 +454,12 @@ def main() -> int:
     ap.add_argument("--capped-gen", type=int, default=16, help="decode tokens under the cap")
     ap.add_argument("--ttft-prompt", type=int, default=16, help="prompt tokens of the cold TTFT test")
     ap.add_argument("--cap-fraction", type=float, default=0.5, help="cgroup limit as a fraction of the file")
-    ap.add_argument("--headroom-mib", type=int, default=24,
-                    help="memory left free under the cap beyond Flatrun's own anonymous memory")
-    ap.add_argument("--skip", nargs="*", default=[], choices=["resident", "capped"])
+    ap.add_argument("--headroom-mib", type=int, default=8,
+                    help="memory left free under the cap beyond Flatrun's own steady anonymous memory")
+    ap.add_argument("--serve-batch", type=int, default=8,
+                    help="capped serving: sequences decoded together (1 = skip)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["resident", "capped", "llama"],
+                    help="contests to skip; `llama` runs Flatrun alone in the capped contest")
     ap.add_argument("--out", default=str(REPO / "benches/race/results"), help="directory for JSON and PNG")
     args = ap.parse_args()
 
@@ -394,17 +480,31 @@ def main() -> int:
     for model in models:
         log(f"== {model.name} ({model.stat().st_size / MIB:.1f} MiB)")
         s = Samples()
-        anon = flatrun_anon_overhead(args, model) if "capped" not in args.skip else 0
+        anon, anon_peak = flatrun_anon_overhead(args, model) if "capped" not in args.skip else (0, 0)
+        anon_serve = 0
+        if anon:
+            log(f"  flatrun anonymous memory: {anon / MIB:.1f} MiB steady, {anon_peak / MIB:.1f} MiB peak (loading)")
+            if args.serve_batch > 1:
+                anon_serve, _ = flatrun_anon_overhead(args, model, args.serve_batch)
+                log(f"  flatrun anonymous memory with {args.serve_batch} sequences: {anon_serve / MIB:.1f} MiB steady")
         for rnd in range(args.rounds):
             first = rnd % 2 == 0  # alternate who goes first
             log(f"  round {rnd + 1}/{args.rounds}")
             if "resident" not in args.skip:
                 resident_round(args, model, s, first)
             if "capped" not in args.skip:
-                capped_round(args, model, s, first, anon, rnd)
+                capped_round(args, model, s, first, anon, rnd, anon_serve)
         rows = ratio_rows(model.name, s)
+        for key, label in (("capped.io_floor_share", "capped share of the I/O floor"),
+                           ("serving.scaling", f"capped serving x{args.serve_batch} / x1")):
+            v = s.values.get(f"flatrun.{key}")
+            if v:
+                rows.append({"model": model.name, "metric": label, "higher_is_better": True,
+                             "flatrun": summarize(v), "llama_cpp": None, "ratio": summarize(v)})
         all_rows += rows
         report["models"][model.name] = {"file_bytes": model.stat().st_size, "flatrun_stream_anon_bytes": anon,
+                                        "flatrun_serve_anon_bytes": anon_serve,
+                                        "flatrun_stream_anon_peak_bytes": anon_peak,
                                         "samples": s.values, "ratios": rows}
     print_table(all_rows)
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -5,11 +5,18 @@
 //! the model in one step (timed as prefill), then feeds `-n` tokens one at a
 //! time (timed as decode). The median, min and max tokens/s are reported
 //! with the peak RSS of the mode (the peak is reset between modes).
+//!
+//! Like `llama-bench`, the context is sized to what the test needs (prompt +
+//! generated tokens) unless `--ctx` is given, so the KV cache does not count
+//! a 4096-token context the test never uses. With `--batch N` the decode test
+//! steps N sequences together (one pass through the layers per step for all
+//! of them: capped serving) and reports their aggregate tokens/s.
 
 use crate::flags::{human_bytes, parse_residency, residency_name, EngineFlags, OutputFlags};
 use crate::loading::load;
 use crate::progress::{on_terminal, Progress};
 use anyhow::{bail, Result};
+use flatrun_runtime::executor::{Sequence, StepOptions};
 use flatrun_runtime::{argmax, Residency};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -30,6 +37,14 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long = "repetitions", default_value_t = 3)]
     pub repetitions: usize,
+    /// Decode this many sequences together (each its own KV cache, one pass
+    /// through the layers per step); tokens/s counts every sequence's tokens.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// Skip the untimed warm-up pass (the first test then starts cold,
+    /// like `llama-bench --no-warmup`).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Print JSON instead of a markdown table.
     #[arg(long)]
     pub json: bool,
@@ -55,6 +70,19 @@ pub struct BenchRow {
     pub peak_rss_bytes: u64,
     pub threads: Option<usize>,
     pub backend: String,
+    /// Sequences decoded together (`--batch`).
+    pub batch: usize,
+    /// Context positions of each sequence.
+    pub ctx: usize,
+    /// Weight bytes the residency plan keeps resident.
+    pub resident_weight_bytes: u64,
+    /// Weight bytes re-read per step (every streamed layer and head chunk).
+    pub streamed_bytes_per_token: u64,
+    /// Bytes of one sequence's KV cache.
+    pub kv_bytes: u64,
+    /// Anonymous memory of the process after the test (its steady state:
+    /// loading peaks higher while the checkpoint's header is parsed).
+    pub anon_after_bytes: u64,
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -94,12 +122,19 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.n_prompt == 0 && args.n_gen == 0 {
         bail!("nothing to measure: both -p and -n are 0");
     }
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
     let modes = modes(&args)?;
     let quiet = args.output.quiet;
     let mut rows = Vec::new();
     for mode in modes {
         let mut engine = args.engine.clone();
         engine.residency = vec![residency_name_exact(mode)];
+        // The context the test needs (the warm-up uses at most 8 positions).
+        engine.ctx = engine
+            .ctx
+            .or(Some((args.n_prompt.max(8) + args.n_gen + 1).max(16)));
         reset_peak_rss();
         let mut loaded = load(&args.model, &engine, quiet)?;
         let model = &mut loaded.model;
@@ -126,11 +161,17 @@ pub fn run(args: BenchArgs) -> Result<()> {
         let mut pp = Vec::new();
         let mut tg = Vec::new();
         // One untimed warm-up pass faults the weights in.
-        {
+        if !args.no_warmup {
             let mut session = model.session();
             session.step(&prompt[..prompt.len().min(8)])?;
         }
         for _ in 0..args.repetitions {
+            if args.batch > 1 {
+                let (p, t) = batch_repetition(model, &prompt, &args, &bar)?;
+                pp.extend(p);
+                tg.extend(t);
+                continue;
+            }
             let mut session = model.session();
             // Prefill: the whole prompt in one step.
             let started = Instant::now();
@@ -153,7 +194,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
         }
         bar.finish();
-        let peak = flatrun_runtime::memory::rss().peak;
+        let plan = model.executor().residency().clone();
+        let kv_bytes = model.executor().new_sequence().kv_bytes() as u64;
+        let rss_after = flatrun_runtime::memory::rss();
+        let peak = rss_after.peak;
         let row = |test: String, tokens: usize, samples: Vec<f64>| BenchRow {
             model: args
                 .model
@@ -171,6 +215,12 @@ pub fn run(args: BenchArgs) -> Result<()> {
             peak_rss_bytes: peak,
             threads: args.engine.threads,
             backend: args.engine.backend.clone(),
+            batch: args.batch,
+            ctx,
+            resident_weight_bytes: plan.resident_bytes,
+            streamed_bytes_per_token: plan.streamed_bytes_per_token,
+            kv_bytes,
+            anon_after_bytes: rss_after.anon,
         };
         if args.n_prompt > 0 {
             rows.push(row(format!("pp{}", args.n_prompt), args.n_prompt, pp));
@@ -185,6 +235,53 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print!("{}", markdown(&rows));
     }
     Ok(())
+}
+
+/// One repetition with `--batch` sequences: each prefilled on its own
+/// (timed together as prefill), then decoded together, one token per
+/// sequence per step (timed as decode). Returns (prefill, decode) tokens/s.
+fn batch_repetition(
+    model: &mut flatrun_runtime::Model,
+    prompt: &[u32],
+    args: &BenchArgs,
+    bar: &Progress,
+) -> Result<(Option<f64>, Option<f64>)> {
+    let exec = model.executor_mut();
+    let mut seqs: Vec<Sequence> = (0..args.batch).map(|_| exec.new_sequence()).collect();
+    let mut next = Vec::with_capacity(args.batch);
+    // Prefill: every sequence's prompt (shifted per sequence so the
+    // sequences differ), one step each.
+    let started = Instant::now();
+    for (i, seq) in seqs.iter_mut().enumerate() {
+        let vocab = exec.vocab_size().max(1) as u32;
+        let own: Vec<u32> = prompt.iter().map(|&t| (t + i as u32) % vocab).collect();
+        let out = exec.step(seq, &own, StepOptions::default())?;
+        next.push(argmax(&out.logits));
+    }
+    let prefill = started.elapsed();
+    bar.inc();
+    // Decode: all sequences in one step, greedy.
+    let started = Instant::now();
+    for _ in 0..args.n_gen {
+        let inputs: Vec<[u32; 1]> = next.iter().map(|&t| [t]).collect();
+        let mut batch: Vec<(&mut Sequence, &[u32])> = seqs
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(s, t)| (s, &t[..]))
+            .collect();
+        let outs = exec.step_batch(&mut batch, StepOptions::default())?;
+        for (n, out) in next.iter_mut().zip(outs) {
+            *n = argmax(&out.logits);
+        }
+        bar.inc();
+    }
+    let decode = started.elapsed();
+    let tokens = (args.n_gen * args.batch) as f64;
+    Ok((
+        (args.n_prompt > 0)
+            .then(|| (args.n_prompt * args.batch) as f64 / prefill.as_secs_f64().max(1e-9)),
+        (args.n_gen > 0).then(|| tokens / decode.as_secs_f64().max(1e-9)),
+    ))
 }
 
 /// `cap=SIZE` in bytes (exact, for passing back through the flag parser).

@@ -281,6 +281,7 @@ pub fn residency_name(r: Residency) -> String {
         Residency::Stream => "stream".into(),
         Residency::Resident => "resident".into(),
         Residency::Cap(bytes) => format!("cap={}", human_bytes(bytes).replace(' ', "")),
+        Residency::Custom(_) => "custom".into(),
     }
 }
 

@@ -204,3 +204,41 @@ fn inspect_memory_plan_and_layer() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_of(&out).contains("30 layers"), "{}", stderr_of(&out));
 }
+
+#[test]
+fn bench_batch_decodes_sequences_together_and_reports_the_plan() {
+    let Some(model) = smollm2() else { return };
+    let out = flatrun()
+        .arg("bench")
+        .arg("--model")
+        .arg(&model)
+        .args([
+            "-p",
+            "4",
+            "-n",
+            "3",
+            "-r",
+            "1",
+            "--batch",
+            "3",
+            "--no-warmup",
+            "--residency",
+            "cap=20M",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in &rows {
+        assert_eq!(r["batch"], 3);
+        // The context is sized to the test: 4 prompt (8 for the warm-up) + 3 + 1.
+        assert_eq!(r["ctx"], 16);
+        let kept = r["resident_weight_bytes"].as_u64().unwrap();
+        let streamed = r["streamed_bytes_per_token"].as_u64().unwrap();
+        assert!(kept > 0 && kept <= 20 << 20, "kept {kept}");
+        assert!(streamed > 0);
+        assert!(r["anon_after_bytes"].as_u64().unwrap() > 0);
+    }
+}

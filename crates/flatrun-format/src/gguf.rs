@@ -389,6 +389,9 @@ impl StorageBackend for GgufBackend {
     fn format_version(&self) -> Option<u32> {
         Some(self.header.version)
     }
+    fn forget_large_metadata_arrays(&mut self, max_elements: usize) -> usize {
+        self.header.metadata.forget_arrays_over(max_elements)
+    }
     fn tensor(&self, name: &str) -> Result<TensorHandle<'_>> {
         let info = self
             .index

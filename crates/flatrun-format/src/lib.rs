@@ -193,6 +193,18 @@ pub struct Metadata {
     pub entries: Vec<(String, MetaValue)>,
 }
 
+impl Metadata {
+    /// Drop every entry holding an array of more than `max_elements`
+    /// elements; returns how many were dropped.
+    pub fn forget_arrays_over(&mut self, max_elements: usize) -> usize {
+        let before = self.entries.len();
+        self.entries
+            .retain(|(_, v)| !matches!(v, MetaValue::Array(a) if a.len() > max_elements));
+        self.entries.shrink_to_fit();
+        before - self.entries.len()
+    }
+}
+
 /// A storage backend: one opened checkpoint.
 pub trait StorageBackend: Send + Sync {
     /// Short format name: `"gguf"`, `"safetensors"`, `"mlx"`.
@@ -230,6 +242,16 @@ pub trait StorageBackend: Send + Sync {
                 handle.prefetch();
             }
         }
+    }
+    /// Forget metadata arrays of more than `max_elements` elements (a
+    /// vocabulary, its scores and merges) once the caller has built its own
+    /// structures from them: parsed value by value they are the bulk of a
+    /// GGUF header's memory (~25 MiB for a 262144-token vocabulary). Later
+    /// [`StorageBackend::metadata`] calls no longer list those keys. Returns
+    /// how many entries were dropped.
+    fn forget_large_metadata_arrays(&mut self, max_elements: usize) -> usize {
+        let _ = max_elements;
+        0
     }
     /// Version of the container format where it has one (GGUF: 2 or 3).
     fn format_version(&self) -> Option<u32> {

@@ -3,6 +3,8 @@
 //!
 //! `cargo bench -p flatrun-kernels --bench matmul -- --warm-up-time 1 --measurement-time 3`
 //! Filter with a format name (`-- Q4_K`). `FLATRUN_THREADS` sets the pool size.
+//! `benches/bandwidth.rs` is the issue-4 measurement: GEMV on matrices larger than the LLC
+//! against the read bandwidth, repeated and interleaved, with median and range.
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -1,5 +1,6 @@
 //! On-CPU time per GEMV (or GEMM) call, single-threaded, per format (insensitive
-//! to other load on the machine, unlike wall-clock benches). Linux only.
+//! to other load on the machine, unlike wall-clock benches). Linux only. For GEMV
+//! against the memory bandwidth of the same run, see `benches/bandwidth.rs`.
 //!
 //! `cargo run --release -p flatrun-kernels --example cpu_time [rows cols iters [tokens]]`
 //! (`CPU_TIME_FORMATS=q4_1,q8_0` limits the formats; with `tokens` > 1 the cycle
@@ -8,12 +9,19 @@
 use flatrun_format::GgmlType;
 use flatrun_kernels::{Kernels, NativeKernels, Weight, WeightFormat};
 
-/// Nanoseconds this thread has spent on a CPU.
+/// Nanoseconds this thread has spent on a CPU (`CLOCK_THREAD_CPUTIME_ID`: it adds the time
+/// since the last scheduler tick, where `/proc/thread-self/schedstat` moves in whole 4 ms
+/// ticks on the development VM).
 fn thread_cpu_ns() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/schedstat")
-        .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return 0;
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn main() {

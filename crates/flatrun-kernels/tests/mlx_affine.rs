@@ -6,13 +6,13 @@
 
 mod common;
 
-use common::Rng;
-use flatrun_format::{DType, GgmlType};
+use common::{check_levels, mlx_format, MlxTensor, Rng};
+use flatrun_format::GgmlType;
 use flatrun_kernels::native::quantize::{quantize_q8, BlockQ8};
 use flatrun_kernels::{
     supported_levels, Kernels, NativeKernels, ReferenceKernels, SimdLevel, Weight, WeightFormat,
 };
-use half::{bf16, f16};
+use half::f16;
 use proptest::prelude::*;
 
 /// `|native − reference| ≤ MLX_BUDGET · Σ|w·x|`: the activations' quantization to
@@ -22,105 +22,6 @@ const MLX_BUDGET: f32 = 5e-3;
 /// Scale/bias storage types MLX writes.
 const SCALE_TYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::BF16, GgmlType::F32];
 
-fn format(bits: u8, group: usize, scale: GgmlType) -> WeightFormat {
-    WeightFormat::MlxAffine {
-        bits,
-        group_size: group as u32,
-        scale_dtype: DType::Ggml(scale),
-    }
-}
-
-fn encode(v: f32, t: GgmlType) -> Vec<u8> {
-    match t {
-        GgmlType::F16 => f16::from_f32(v).to_le_bytes().to_vec(),
-        GgmlType::BF16 => bf16::from_f32(v).to_le_bytes().to_vec(),
-        _ => v.to_le_bytes().to_vec(),
-    }
-}
-
-/// `v` rounded to storage type `t`.
-fn round_to(v: f32, t: GgmlType) -> f32 {
-    match t {
-        GgmlType::F16 => f16::from_f32(v).to_f32(),
-        GgmlType::BF16 => bf16::from_f32(v).to_f32(),
-        _ => v,
-    }
-}
-
-/// Random MLX weights; `symmetric` groups get the bias `−2^(bits−1)·s` (a Q4_0/Q8_0 copy).
-fn random_mlx(
-    bits: u8,
-    group: usize,
-    scale: GgmlType,
-    rows: usize,
-    cols: usize,
-    symmetric: bool,
-    rng: &mut Rng,
-) -> (Vec<u8>, Vec<u8>, Vec<u8>) {
-    let data = (0..rows * cols * bits as usize / 8)
-        .map(|_| rng.byte())
-        .collect();
-    let (mut scales, mut biases) = (Vec::new(), Vec::new());
-    for _ in 0..rows * cols / group {
-        // Rounded to the storage type first, so −c·s is exact there too.
-        let s = round_to(rng.f32().abs() * 0.02 + 0.001, scale);
-        let b = if symmetric {
-            -((1u32 << (bits - 1)) as f32) * s
-        } else {
-            rng.f32() * 0.1
-        };
-        scales.extend(encode(s, scale));
-        biases.extend(encode(b, scale));
-    }
-    (data, scales, biases)
-}
-
-/// Σ|w·x| per output, the scale the error budget is relative to.
-fn magnitudes(w: &Weight, x: &[f32], n_tokens: usize) -> Vec<f32> {
-    let mut dense = vec![0f32; w.rows * w.cols];
-    ReferenceKernels
-        .dequantize_rows(w, 0..w.rows, &mut dense)
-        .unwrap();
-    let mut m = vec![0f32; n_tokens * w.rows];
-    for t in 0..n_tokens {
-        for r in 0..w.rows {
-            m[t * w.rows + r] = (0..w.cols)
-                .map(|c| (dense[r * w.cols + c] * x[t * w.cols + c]).abs())
-                .sum();
-        }
-    }
-    m
-}
-
-/// Every SIMD level against the reference; the worst relative error.
-fn check(w: &Weight, n_tokens: usize, rng: &mut Rng) -> f32 {
-    let x: Vec<f32> = (0..n_tokens * w.cols).map(|_| rng.f32()).collect();
-    let mut want = vec![0f32; n_tokens * w.rows];
-    ReferenceKernels.matmul(w, &x, n_tokens, &mut want).unwrap();
-    let mag = magnitudes(w, &x, n_tokens);
-    let mut worst = 0f32;
-    for level in supported_levels() {
-        let mut got = vec![f32::NAN; n_tokens * w.rows];
-        NativeKernels::new(level)
-            .matmul(w, &x, n_tokens, &mut got)
-            .unwrap();
-        for i in 0..got.len() {
-            let rel = (got[i] - want[i]).abs() / mag[i].max(1e-20);
-            assert!(
-                rel <= MLX_BUDGET,
-                "{} at {level}: [{} x {}] x {n_tokens} tokens, output {i}: native {} reference {} (rel {rel:e})",
-                w.format,
-                w.rows,
-                w.cols,
-                got[i],
-                want[i]
-            );
-            worst = worst.max(rel);
-        }
-    }
-    worst
-}
-
 #[test]
 fn every_fused_layout_within_budget() {
     let mut rng = Rng(0xA5A5_1234_5678_9ABC);
@@ -128,13 +29,14 @@ fn every_fused_layout_within_budget() {
         for group in [32usize, 64, 128] {
             for scale in SCALE_TYPES {
                 for symmetric in [false, true] {
-                    let (rows, cols) = (11, 512);
-                    let (d, s, b) = random_mlx(bits, group, scale, rows, cols, symmetric, &mut rng);
-                    let f = format(bits, group, scale);
-                    let w = Weight::new(f, rows, cols, &d, Some(&s), Some(&b)).unwrap();
-                    let worst = (1..=6).map(|n| check(&w, n, &mut rng)).fold(0f32, f32::max);
+                    let mlx = MlxTensor::random(bits, group, scale, 11, 512, symmetric, &mut rng);
+                    let w = mlx.weight();
+                    let worst = (1..=6)
+                        .map(|n| check_levels(&w, n, MLX_BUDGET, &mut rng))
+                        .fold(0f32, f32::max);
                     println!(
-                        "{f} {}: worst relative error {worst:.2e} (budget {MLX_BUDGET:.0e})",
+                        "{} {}: worst relative error {worst:.2e} (budget {MLX_BUDGET:.0e})",
+                        w.format,
                         if symmetric { "symmetric" } else { "biased" }
                     );
                 }
@@ -149,16 +51,8 @@ fn gemm_equals_gemv_bit_for_bit() {
     let mut rng = Rng(99);
     for (bits, group) in [(4u8, 32usize), (4, 64), (8, 32), (8, 128)] {
         let (rows, cols) = (9, 256);
-        let (d, s, b) = random_mlx(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
-        let w = Weight::new(
-            format(bits, group, GgmlType::F16),
-            rows,
-            cols,
-            &d,
-            Some(&s),
-            Some(&b),
-        )
-        .unwrap();
+        let mlx = MlxTensor::random(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
+        let w = mlx.weight();
         let n = 7;
         let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
         for level in supported_levels() {
@@ -258,17 +152,9 @@ fn ggml_avx2_dot(t: GgmlType, row: &[u8], acts: &[BlockQ8]) -> f32 {
 
 #[test]
 fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
-    // The x86 levels reproduce ggml's AVX2 float order; aarch64 runs MLX
-    // weights through the portable kernel, which is only within budget.
-    let simd: Vec<SimdLevel> = supported_levels()
-        .into_iter()
-        .filter(|&l| {
-            matches!(
-                l,
-                SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni
-            )
-        })
-        .collect();
+    // At every level the MLX kernel sums a converted row exactly as that level's
+    // Q4_1/Q8_0 kernel sums the GGUF row, one token or a tile; on x86 that is
+    // ggml's AVX2 order, checked against `ggml_avx2_dot` directly.
     let mut rng = Rng(0x51);
     // (A Q4_0 copy is within budget but not exact: MLX 4-bit takes Q4_1's dot.)
     for t in [GgmlType::Q4_1, GgmlType::Q8_0] {
@@ -277,7 +163,7 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
         let (d, s, b) = ggml_to_mlx(t, &blocks);
         let bits = if t == GgmlType::Q8_0 { 8 } else { 4 };
         let mlx = Weight::new(
-            format(bits, 32, GgmlType::F16),
+            mlx_format(bits, 32, GgmlType::F16),
             rows,
             cols,
             &d,
@@ -286,15 +172,34 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
         )
         .unwrap();
         let gguf = Weight::new(WeightFormat::Ggml(t), rows, cols, &blocks, None, None).unwrap();
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..3 * cols).map(|_| rng.f32()).collect();
+        for level in supported_levels() {
+            let k = NativeKernels::new(level);
+            for n in [1, 3] {
+                let (mut got, mut want) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                k.matmul(&mlx, &x[..n * cols], n, &mut got).unwrap();
+                k.matmul(&gguf, &x[..n * cols], n, &mut want).unwrap();
+                let (got, want): (Vec<u32>, Vec<u32>) = (
+                    got.iter().map(|v| v.to_bits()).collect(),
+                    want.iter().map(|v| v.to_bits()).collect(),
+                );
+                assert_eq!(got, want, "{t:?} as MLX at {level}, {n} token(s)");
+            }
+        }
+        // x86: ggml's AVX2 order exactly.
         let mut acts = vec![BlockQ8::default(); cols / 32];
-        quantize_q8(&x, &mut acts);
+        quantize_q8(&x[..cols], &mut acts);
         let rb = t.type_size() * cols / 32;
-        // SIMD levels: ggml's AVX2 order exactly.
-        for &level in &simd {
+        for level in supported_levels() {
+            if !matches!(
+                level,
+                SimdLevel::Avx2 | SimdLevel::Avx512 | SimdLevel::Avx512Vnni
+            ) {
+                continue;
+            }
             let mut got = vec![0f32; rows];
             NativeKernels::new(level)
-                .matmul(&mlx, &x, 1, &mut got)
+                .matmul(&mlx, &x[..cols], 1, &mut got)
                 .unwrap();
             for r in 0..rows {
                 let want = ggml_avx2_dot(t, &blocks[r * rb..(r + 1) * rb], &acts);
@@ -306,12 +211,6 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
                 );
             }
         }
-        // Scalar: the same numbers as the scalar kernel of the GGUF format.
-        let k = NativeKernels::new(SimdLevel::Scalar);
-        let (mut got, mut want) = (vec![0f32; rows], vec![0f32; rows]);
-        k.matmul(&mlx, &x, 1, &mut got).unwrap();
-        k.matmul(&gguf, &x, 1, &mut want).unwrap();
-        assert_eq!(got, want, "{t:?} as MLX, scalar");
     }
 }
 
@@ -321,16 +220,8 @@ fn other_layouts_still_decode_rows() {
     let mut rng = Rng(3);
     for (bits, group) in [(2u8, 64usize), (3, 32), (6, 128)] {
         let (rows, cols) = (4, 256);
-        let (d, s, b) = random_mlx(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
-        let w = Weight::new(
-            format(bits, group, GgmlType::F16),
-            rows,
-            cols,
-            &d,
-            Some(&s),
-            Some(&b),
-        )
-        .unwrap();
+        let mlx = MlxTensor::random(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
+        let w = mlx.weight();
         let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
         let (mut got, mut want) = (vec![0f32; rows], vec![0f32; rows]);
         ReferenceKernels.matmul(&w, &x, 1, &mut want).unwrap();
@@ -364,9 +255,7 @@ proptest! {
         let group = 32usize << group_pow;
         let cols = groups * group;
         let mut rng = Rng(seed | 1);
-        let (d, s, b) = random_mlx(bits, group, SCALE_TYPES[scale], rows, cols, symmetric, &mut rng);
-        let w = Weight::new(format(bits, group, SCALE_TYPES[scale]), rows, cols, &d, Some(&s), Some(&b))
-            .unwrap();
-        check(&w, n_tokens, &mut rng);
+        let mlx = MlxTensor::random(bits, group, SCALE_TYPES[scale], rows, cols, symmetric, &mut rng);
+        check_levels(&mlx.weight(), n_tokens, MLX_BUDGET, &mut rng);
     }
 }

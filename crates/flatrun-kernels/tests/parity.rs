@@ -3,57 +3,10 @@
 
 mod common;
 
-use common::{mlx_format, random_ggml, random_mlx, Rng, GGML_BUDGETS, MLX_FORMATS};
+use common::{check_levels, magnitudes, random_ggml, MlxTensor, Rng, GGML_BUDGETS, MLX_FORMATS};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{
-    supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat,
-};
+use flatrun_kernels::{supported_levels, Kernels, NativeKernels, Weight, WeightFormat};
 use proptest::prelude::*;
-
-/// Σ|w·x| per output, the scale the error budget is relative to.
-fn magnitudes(w: &Weight, x: &[f32], n_tokens: usize) -> Vec<f32> {
-    let mut dense = vec![0f32; w.rows * w.cols];
-    ReferenceKernels
-        .dequantize_rows(w, 0..w.rows, &mut dense)
-        .unwrap();
-    let mut m = vec![0f32; n_tokens * w.rows];
-    for t in 0..n_tokens {
-        for r in 0..w.rows {
-            m[t * w.rows + r] = (0..w.cols)
-                .map(|c| (dense[r * w.cols + c] * x[t * w.cols + c]).abs())
-                .sum();
-        }
-    }
-    m
-}
-
-/// Check every SIMD level against the reference; returns the worst relative error seen.
-fn check(w: &Weight, n_tokens: usize, budget: f32, rng: &mut Rng) -> f32 {
-    let x: Vec<f32> = (0..n_tokens * w.cols).map(|_| rng.f32()).collect();
-    let mut want = vec![0f32; n_tokens * w.rows];
-    ReferenceKernels.matmul(w, &x, n_tokens, &mut want).unwrap();
-    let mag = magnitudes(w, &x, n_tokens);
-    let mut worst = 0f32;
-    for level in supported_levels() {
-        let k = NativeKernels::new(level);
-        let mut got = vec![f32::NAN; n_tokens * w.rows];
-        k.matmul(w, &x, n_tokens, &mut got).unwrap();
-        for i in 0..got.len() {
-            let rel = (got[i] - want[i]).abs() / mag[i].max(1e-20);
-            assert!(
-                rel <= budget,
-                "{} at {level}: [{} x {}] x {n_tokens} tokens, output {i}: native {} reference {} (rel {rel:e} > {budget:e})",
-                w.format,
-                w.rows,
-                w.cols,
-                got[i],
-                want[i]
-            );
-            worst = worst.max(rel);
-        }
-    }
-    worst
-}
 
 #[test]
 fn every_format_within_budget_on_a_fixed_shape() {
@@ -63,7 +16,7 @@ fn every_format_within_budget_on_a_fixed_shape() {
         let bytes = random_ggml(t, 13, cols, &mut rng);
         let w = Weight::new(WeightFormat::Ggml(t), 13, cols, &bytes, None, None).unwrap();
         let worst = (1..=6)
-            .map(|n| check(&w, n, budget, &mut rng))
+            .map(|n| check_levels(&w, n, budget, &mut rng))
             .fold(0f32, f32::max);
         println!(
             "{:>7}: worst relative error {worst:.2e} (budget {budget:.0e})",
@@ -76,21 +29,12 @@ fn every_format_within_budget_on_a_fixed_shape() {
 fn mlx_formats_match_reference() {
     let mut rng = Rng(42);
     for &(bits, group) in MLX_FORMATS {
-        let (rows, cols) = (7, 256);
-        let (data, scales, biases) = random_mlx(bits, group, rows, cols, &mut rng);
-        let w = Weight::new(
-            mlx_format(bits, group),
-            rows,
-            cols,
-            &data,
-            Some(&scales),
-            Some(&biases),
-        )
-        .unwrap();
+        let mlx = MlxTensor::random(bits, group, GgmlType::F16, 7, 256, false, &mut rng);
+        let w = mlx.weight();
         // 4/8-bit have fused kernels (8-bit activations, like Q4_1/Q8_0; see
         // tests/mlx_affine.rs); the other widths decode rows then take an f32 dot.
         let budget = if matches!(bits, 4 | 8) { 5e-3 } else { 1e-5 };
-        check(&w, 3, budget, &mut rng);
+        check_levels(&w, 3, budget, &mut rng);
     }
 }
 
@@ -142,7 +86,7 @@ proptest! {
         let mut rng = Rng(seed | 1);
         let bytes = random_ggml(t, rows, cols, &mut rng);
         let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
-        check(&w, n_tokens, budget, &mut rng);
+        check_levels(&w, n_tokens, budget, &mut rng);
     }
 }
 
@@ -235,5 +179,5 @@ fn unfused_formats_fall_back_to_decode_then_dot() {
         None,
     )
     .unwrap();
-    check(&w, 2, 1e-5, &mut rng);
+    check_levels(&w, 2, 1e-5, &mut rng);
 }

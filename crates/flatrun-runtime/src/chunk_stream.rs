@@ -1,19 +1,32 @@
 //! Stream mode with a fixed byte budget for the weights in flight.
 //!
-//! A streamed weight matrix is never mapped whole. Its rows are cut into
+//! A streamed weight matrix is never held whole. Its rows are cut into
 //! chunks of at most `chunk_bytes` (rows × (row bytes + MLX scale and bias row
-//! bytes)), and a matmul walks them in order: fault chunk `k` in, multiply its
-//! rows, drop its pages again (`MADV_DONTNEED`). Meanwhile a read-ahead thread
-//! faults in the next `depth` chunks of the plan (`MADV_POPULATE_READ`) and
-//! asks the kernel to start reading the ones after them (`MADV_WILLNEED`,
-//! page cache only). So the weight bytes mapped into the process at any
-//! moment are at most `(depth + 1) × chunk_bytes`, whatever the size of a
-//! layer or of the model; a larger model only means more chunks per token.
+//! bytes)), and a matmul walks them in order. A chunk's bytes come from one
+//! of two sources:
+//!
+//! * **read** (the default wherever every planned tensor is one plain byte
+//!   range of its file): a read-ahead thread `pread`s the next `depth` chunks
+//!   of the plan into `depth + 1` reused buffers (through the page cache) and
+//!   asks the kernel to start reading the ones after them
+//!   (`POSIX_FADV_WILLNEED`); the matmul multiplies the rows in the buffer.
+//!   Nothing of the weights is ever mapped into the process, so neither
+//!   fault-around nor large page-cache folios can map more than was asked.
+//! * **mapped** (MLX checkpoints, whose scales and biases are companion
+//!   arrays): fault chunk `k` in through the file mapping, multiply its rows,
+//!   drop its pages again (`MADV_DONTNEED`), while the read-ahead thread
+//!   faults in the next `depth` chunks (`MADV_POPULATE_READ`) and
+//!   `MADV_WILLNEED`s the ones after them.
+//!
+//! Either way the weight bytes in the process at any moment are at most
+//! `(depth + 1) × chunk_bytes`, whatever the size of a layer or of the model;
+//! a larger model only means more chunks per token.
 //!
 //! ```text
 //! plan (one step, cyclic):  L0.q#0 L0.q#1 L0.k#0 … L0.down#3 L1.q#0 … head#0 … head#n
-//! read-ahead thread:        populate tickets t+1 ..= t+depth, WILLNEED t+depth+1 ..= t+2·depth
-//! matmul (executor):        acquire t (wait while the thread is on it; populate) → rows·x → release t
+//! read-ahead thread:        fetch tickets t+1 ..= t+depth, WILLNEED t+depth+1 ..= t+2·depth
+//! matmul (executor):        acquire t (wait while the thread is on it; fetch if it is not done)
+//!                           → rows·x → release t (mapped: drop its pages; read: its buffer is reused)
 //! ```
 //!
 //! Chunks are numbered by a ticket that only grows (`ticket - 1` modulo the
@@ -26,7 +39,9 @@ use crate::memory;
 use flatrun_format::StorageBackend;
 use flatrun_kernels::{KernelError, Kernels, Weight};
 use std::collections::HashMap;
+use std::fs::File;
 use std::ops::Range;
+use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -51,13 +66,15 @@ struct TensorChunks {
     rows: usize,
 }
 
-/// Where one tensor's data is mapped.
+/// Where one tensor's data is mapped, and where it is in its file.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct TensorPlace {
     address: usize,
     row_bytes: usize,
     /// The backend file it is in.
     file: usize,
+    /// Absolute offset of its first data byte in that file.
+    offset: u64,
 }
 
 /// Per file of `backend`: the page-aligned address range spanned by its
@@ -105,6 +122,9 @@ pub struct ChunkPlan {
     /// is handed a [`Weight`], and recognizes it by where its bytes are).
     by_address: HashMap<usize, TensorChunks>,
     chunk_bytes: usize,
+    /// Every planned tensor is one plain byte range of its file (no MLX
+    /// companion arrays), so its chunks can be read with `pread`.
+    readable: bool,
 }
 
 impl ChunkPlan {
@@ -120,8 +140,10 @@ impl ChunkPlan {
         let mut chunks = Vec::new();
         let mut places = Vec::with_capacity(names.len());
         let mut by_address = HashMap::new();
+        let mut readable = true;
         for (tensor, name) in names.iter().enumerate() {
             let h = backend.tensor(name)?;
+            readable &= h.parts().is_empty() && w_is_plain(&h);
             let w = Weight::from_handle(&h).map_err(|source| RuntimeError::Kernel {
                 tensor: name.clone(),
                 source,
@@ -141,6 +163,7 @@ impl ChunkPlan {
                 address: w.data.as_ptr() as usize,
                 row_bytes: w.row_bytes(),
                 file: h.info().file_index,
+                offset: h.info().offset,
             });
             by_address.insert(
                 w.data.as_ptr() as usize,
@@ -158,7 +181,27 @@ impl ChunkPlan {
             bounds,
             by_address,
             chunk_bytes,
+            readable,
         })
+    }
+
+    /// The file span of the chunk at `position`: (file, offset, length).
+    fn span(&self, position: usize) -> Option<(usize, u64, usize)> {
+        let c = self.chunks.get(position)?;
+        let place = self.places.get(c.tensor)?;
+        Some((
+            place.file,
+            place.offset + (c.rows.start * place.row_bytes) as u64,
+            c.rows.len() * place.row_bytes,
+        ))
+    }
+
+    /// Bytes of the largest chunk's data.
+    fn largest_chunk(&self) -> usize {
+        (0..self.chunks.len())
+            .filter_map(|p| self.span(p).map(|(_, _, len)| len))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Chunks per step.
@@ -230,6 +273,12 @@ impl ChunkPlan {
     }
 }
 
+/// Whether the handle's bytes are exactly its file span (`offset ..
+/// offset + byte_size`), so that reading that span gives the same bytes.
+fn w_is_plain(h: &flatrun_format::TensorHandle) -> bool {
+    h.bytes().len() as u64 == h.info().byte_size
+}
+
 /// Bytes of one row of `w`, MLX scales and biases included.
 fn bytes_per_row(w: &Weight) -> usize {
     let parts = usize::from(w.scales.is_some()) + usize::from(w.biases.is_some());
@@ -268,7 +317,7 @@ struct Window {
     at: u64,
     /// The thread has handled every ticket up to this one.
     done: u64,
-    /// The ticket the thread is populating right now.
+    /// The ticket the thread is fetching right now.
     busy: Option<u64>,
     /// The executor is gone.
     stop: bool,
@@ -291,11 +340,143 @@ impl Shared {
     }
 }
 
+/// Alignment of a read buffer's first byte (the mapping's tensors are at
+/// least this aligned too; kernels may load whole vectors from it).
+const BUFFER_ALIGN: usize = 64;
+
+/// One read buffer: the chunk of one ticket.
+struct ReadSlot {
+    /// The ticket whose chunk the buffer holds (0: none).
+    ticket: u64,
+    /// Bytes of that chunk.
+    len: usize,
+    /// `BUFFER_ALIGN` bytes of slack, then room for the largest chunk.
+    storage: Vec<u8>,
+}
+
+impl ReadSlot {
+    /// Offset of the first aligned byte of `storage`.
+    fn start(&self) -> usize {
+        self.storage
+            .as_ptr()
+            .align_offset(BUFFER_ALIGN)
+            .min(BUFFER_ALIGN)
+    }
+
+    /// The chunk's bytes.
+    fn bytes(&self) -> &[u8] {
+        let s = self.start();
+        &self.storage[s..s + self.len]
+    }
+}
+
+/// The buffers of explicit reads: ticket `t` goes to slot `t % slots.len()`
+/// (`depth + 1` slots: the executor's chunk and the `depth` read ahead, which
+/// the ticket protocol keeps on distinct slots).
+struct ReadBuffers {
+    /// The backend's files, opened for `pread` (through the page cache).
+    files: Vec<File>,
+    slots: Vec<Mutex<ReadSlot>>,
+}
+
+impl ReadBuffers {
+    /// Open `backend`'s files and make `count` buffers of `bytes` each
+    /// (zeroed lazily: untouched pages cost nothing until the first read).
+    fn new(backend: &dyn StorageBackend, count: usize, bytes: usize) -> Option<ReadBuffers> {
+        let files = backend
+            .files()
+            .iter()
+            .map(File::open)
+            .collect::<std::io::Result<Vec<_>>>()
+            .ok()?;
+        let slots = (0..count.max(1))
+            .map(|_| {
+                Mutex::new(ReadSlot {
+                    ticket: 0,
+                    len: 0,
+                    storage: vec![0u8; bytes + BUFFER_ALIGN],
+                })
+            })
+            .collect();
+        Some(ReadBuffers { files, slots })
+    }
+
+    /// The slot of `ticket`, locked.
+    fn slot(&self, ticket: u64) -> MutexGuard<'_, ReadSlot> {
+        let i = (ticket % self.slots.len() as u64) as usize;
+        // A panic elsewhere leaves at worst a stale ticket, which is re-read.
+        self.slots[i].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Read the chunk of `ticket` (at `position` in `plan`) into `slot`;
+    /// on failure the slot holds no ticket (the caller maps the chunk instead).
+    fn read(&self, plan: &ChunkPlan, position: usize, ticket: u64, slot: &mut ReadSlot) {
+        slot.ticket = 0;
+        let Some((file, offset, len)) = plan.span(position) else {
+            return;
+        };
+        let Some(f) = self.files.get(file) else {
+            return;
+        };
+        let s = slot.start();
+        let Some(out) = slot.storage.get_mut(s..s + len) else {
+            return;
+        };
+        if read_exact_at(f, out, offset).is_ok() {
+            slot.len = len;
+            slot.ticket = ticket;
+        }
+    }
+
+    /// Ask the kernel to start reading the chunk at `position` into the
+    /// page cache (nothing is mapped).
+    fn will_need(&self, plan: &ChunkPlan, position: usize) {
+        let Some((file, offset, len)) = plan.span(position) else {
+            return;
+        };
+        if let Some(f) = self.files.get(file) {
+            use std::os::fd::AsRawFd;
+            // SAFETY: an advisory call on a file descriptor this struct owns.
+            unsafe {
+                libc::posix_fadvise(
+                    f.as_raw_fd(),
+                    offset as libc::off_t,
+                    len as libc::off_t,
+                    libc::POSIX_FADV_WILLNEED,
+                );
+            }
+        }
+    }
+}
+
+/// Fill `out` from `file` at `offset` (an error when the file is shorter).
+fn read_exact_at(file: &File, out: &mut [u8], offset: u64) -> std::io::Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        match file.read_at(&mut out[done..], offset + done as u64) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Where chunks come from (see the module docs).
+enum Source {
+    /// Faulted in through the file mapping, dropped after use.
+    Mapped,
+    /// Read into reused buffers; nothing of the weights is mapped.
+    Read(Arc<ReadBuffers>),
+}
+
 /// Streams the planned matrices chunk by chunk, reading ahead on a thread.
 pub struct ChunkStream {
     backend: Arc<dyn StorageBackend>,
     plan: Arc<ChunkPlan>,
     shared: Arc<Shared>,
+    source: Source,
     worker: Option<JoinHandle<()>>,
     /// Time matmuls waited for chunks since the last [`ChunkStream::take_io_wait`].
     io_wait_ns: AtomicU64,
@@ -305,18 +486,36 @@ pub struct ChunkStream {
 
 impl ChunkStream {
     /// Start streaming `plan`, with a thread reading `depth` chunks ahead
-    /// (none when `depth` is 0).
+    /// (none when `depth` is 0). Chunks are read into `depth + 1` buffers
+    /// when the plan allows it (and the files open), else mapped.
     pub fn start(backend: Arc<dyn StorageBackend>, plan: ChunkPlan, depth: usize) -> ChunkStream {
-        // More read-ahead than the plan holds would populate the chunk in use.
+        // More read-ahead than the plan holds would fetch the chunk in use.
         let depth = depth.min(plan.len().saturating_sub(1));
+        let source = plan
+            .readable
+            .then(|| ReadBuffers::new(backend.as_ref(), depth + 1, plan.largest_chunk()))
+            .flatten()
+            .map_or(Source::Mapped, |b| Source::Read(Arc::new(b)));
         let plan = Arc::new(plan);
         let shared = Arc::new(Shared::default());
         let worker = (depth > 0)
             .then(|| {
                 let (backend, plan, shared) = (backend.clone(), plan.clone(), shared.clone());
+                let buffers = match &source {
+                    Source::Read(b) => Some(b.clone()),
+                    Source::Mapped => None,
+                };
                 std::thread::Builder::new()
                     .name("flatrun-chunk-reader".into())
-                    .spawn(move || read_ahead(backend.as_ref(), &plan, &shared, depth as u64))
+                    .spawn(move || {
+                        read_ahead(
+                            backend.as_ref(),
+                            &plan,
+                            buffers.as_deref(),
+                            &shared,
+                            depth as u64,
+                        )
+                    })
                     .ok()
             })
             .flatten();
@@ -324,6 +523,7 @@ impl ChunkStream {
             backend,
             plan,
             shared,
+            source,
             worker,
             io_wait_ns: AtomicU64::new(0),
             part: Mutex::new(Vec::new()),
@@ -335,15 +535,20 @@ impl ChunkStream {
         &self.plan
     }
 
-    /// Time matmuls waited for chunk pages since the last call.
+    /// Whether chunks are read into buffers (`false`: mapped).
+    pub fn reads_explicitly(&self) -> bool {
+        matches!(self.source, Source::Read(_))
+    }
+
+    /// Time matmuls waited for chunks since the last call.
     pub fn take_io_wait(&self) -> Duration {
         Duration::from_nanos(self.io_wait_ns.swap(0, Ordering::Relaxed))
     }
 
-    /// Make the chunk at `position` the executor's: wait while the thread
-    /// is populating it (or a chunk before it), and release what the thread
-    /// populated in a skipped part of the plan.
-    fn acquire(&self, position: usize) {
+    /// Make the chunk at `position` the executor's and return its ticket:
+    /// wait while the thread is fetching it (or a chunk before it), and
+    /// release what the thread mapped in a skipped part of the plan.
+    fn acquire(&self, position: usize) -> u64 {
         let len = self.plan.len().max(1) as u64;
         let mut w = self.shared.lock();
         let old = w.at;
@@ -355,6 +560,10 @@ impl ChunkStream {
         }
         let done = w.done;
         drop(w);
+        if matches!(self.source, Source::Read(_)) {
+            // Skipped reads just leave their buffers to be reused.
+            return ticket;
+        }
         // At most `depth` chunks: the thread never gets further ahead.
         for skipped in old + 1..ticket.min(done + 1) {
             let position = self.plan.position(skipped);
@@ -370,6 +579,7 @@ impl ChunkStream {
                 }
             }
         }
+        ticket
     }
 
     /// `out = x · Wᵀ` for `n` tokens, one chunk of rows at a time when `w`
@@ -393,29 +603,59 @@ impl ChunkStream {
         };
         for position in tc.first..tc.first + tc.count {
             let rows = self.plan.chunks[position].rows.clone();
-            let chunk = w.row_range(rows.clone())?;
-            // Fault the chunk in (already done when the read-ahead was in time).
+            let mut chunk = w.row_range(rows.clone())?;
             let t_io = Instant::now();
-            self.acquire(position);
+            let ticket = self.acquire(position);
+            // Read: the chunk's rows from its buffer (read now when the
+            // read-ahead was not in time).
+            if let Source::Read(buffers) = &self.source {
+                let mut slot = buffers.slot(ticket);
+                if slot.ticket != ticket {
+                    buffers.read(&self.plan, position, ticket, &mut slot);
+                }
+                if slot.ticket == ticket && slot.len == chunk.data.len() {
+                    self.io_wait_ns
+                        .fetch_add(t_io.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    chunk.data = slot.bytes();
+                    self.multiply(inner, &chunk, rows, w.rows, x, n, out)?;
+                    continue;
+                }
+                // A failed read: the mapping below serves this chunk.
+            }
+            // Mapped: fault the chunk in (already done when the read-ahead was in time).
             touch(&chunk, memory::populate);
             self.io_wait_ns
                 .fetch_add(t_io.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            // out[t, rows] = x[t] · chunkᵀ
-            let result = if n == 1 {
-                inner.matmul(&chunk, x, 1, &mut out[rows.clone()])
-            } else {
-                let mut part = self.part.lock().unwrap_or_else(|e| e.into_inner());
-                part.resize(n * rows.len(), 0.0);
-                let r = inner.matmul(&chunk, x, n, &mut part);
-                for (t, row) in part.chunks_exact(rows.len()).enumerate() {
-                    out[t * w.rows + rows.start..t * w.rows + rows.end].copy_from_slice(row);
-                }
-                r
-            };
+            let result = self.multiply(inner, &chunk, rows, w.rows, x, n, out);
             // Drop the chunk's pages (and whatever fault-around mapped next
             // to them), except a block the next chunk shares.
             self.plan.release(position, &chunk);
             result?;
+        }
+        Ok(())
+    }
+
+    /// `out[t, rows] = x[t] · chunkᵀ` for the `n` tokens of `x`, where `out`
+    /// holds `n` rows of `out_rows` values.
+    #[allow(clippy::too_many_arguments)]
+    fn multiply(
+        &self,
+        inner: &dyn Kernels,
+        chunk: &Weight,
+        rows: Range<usize>,
+        out_rows: usize,
+        x: &[f32],
+        n: usize,
+        out: &mut [f32],
+    ) -> std::result::Result<(), KernelError> {
+        if n == 1 {
+            return inner.matmul(chunk, x, 1, &mut out[rows]);
+        }
+        let mut part = self.part.lock().unwrap_or_else(|e| e.into_inner());
+        part.resize(n * rows.len(), 0.0);
+        inner.matmul(chunk, x, n, &mut part)?;
+        for (t, row) in part.chunks_exact(rows.len()).enumerate() {
+            out[t * out_rows + rows.start..t * out_rows + rows.end].copy_from_slice(row);
         }
         Ok(())
     }
@@ -431,8 +671,15 @@ impl Drop for ChunkStream {
     }
 }
 
-/// The read-ahead thread: keep the `depth` chunks after the executor's populated.
-fn read_ahead(backend: &dyn StorageBackend, plan: &ChunkPlan, shared: &Shared, depth: u64) {
+/// The read-ahead thread: keep the `depth` chunks after the executor's
+/// fetched (read into `buffers`, or else populated in the mapping).
+fn read_ahead(
+    backend: &dyn StorageBackend,
+    plan: &ChunkPlan,
+    buffers: Option<&ReadBuffers>,
+    shared: &Shared,
+    depth: u64,
+) {
     loop {
         let ticket = {
             let mut w = shared.lock();
@@ -448,12 +695,23 @@ fn read_ahead(backend: &dyn StorageBackend, plan: &ChunkPlan, shared: &Shared, d
                 w = shared.wait(w);
             }
         };
-        if let Some(c) = plan.chunks.get(plan.position(ticket)) {
-            touch_planned(backend, plan, c, memory::populate);
-        }
-        // Start the disk on the chunk `depth` further (page cache only).
-        if let Some(c) = plan.chunks.get(plan.position(ticket + depth)) {
-            touch_planned(backend, plan, c, memory::will_need);
+        let position = plan.position(ticket);
+        let later = plan.position(ticket + depth);
+        match buffers {
+            Some(b) => {
+                // The executor is at most at `ticket - 1`: this slot is free.
+                b.read(plan, position, ticket, &mut b.slot(ticket));
+                // Start the disk on the chunk `depth` further (page cache only).
+                b.will_need(plan, later);
+            }
+            None => {
+                if let Some(c) = plan.chunks.get(position) {
+                    touch_planned(backend, plan, c, memory::populate);
+                }
+                if let Some(c) = plan.chunks.get(later) {
+                    touch_planned(backend, plan, c, memory::will_need);
+                }
+            }
         }
         let mut w = shared.lock();
         w.busy = None;

@@ -18,6 +18,7 @@ use crate::error::{Result, RuntimeError};
 use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
 use crate::layer_range::LayerSelection;
+use crate::layer_vectors::LayerVectorStore;
 use crate::memory;
 use crate::options::{KvType, LoadOptions, Prefetch};
 use crate::prefetch::Prefetcher;
@@ -44,6 +45,13 @@ const HEAD_CHUNK_BYTES: usize = 4 << 20;
 /// Rows of one streamed chunk of an output head whose rows are `row_bytes` long.
 fn head_chunk_rows(row_bytes: usize) -> usize {
     (HEAD_CHUNK_BYTES / row_bytes.max(1)).max(64)
+}
+
+/// Bytes of one chunk of a head the cap streams: no more than the largest
+/// layer (the read buffers hold a layer anyway, so head chunks cost no extra
+/// memory), at least 1 MiB (fewer, larger reads).
+fn capped_head_chunk_bytes(manifest: &Manifest) -> usize {
+    (manifest.largest_layer_bytes() as usize).clamp(1 << 20, HEAD_CHUNK_BYTES)
 }
 
 /// One sequence: its tokens so far and its KV cache.
@@ -112,21 +120,6 @@ pub struct StepOutput {
     pub hidden: Option<Vec<f32>>,
 }
 
-/// f32 copies of one layer's small vectors (norms, biases), kept resident.
-#[derive(Debug, Default)]
-struct LayerVectors {
-    attn_norm: Vec<f32>,
-    ffn_norm: Vec<f32>,
-    q_bias: Option<Vec<f32>>,
-    k_bias: Option<Vec<f32>>,
-    v_bias: Option<Vec<f32>>,
-    o_bias: Option<Vec<f32>>,
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    post_attn_norm: Option<Vec<f32>>,
-    post_ffn_norm: Option<Vec<f32>>,
-}
-
 /// The matrix roles of a layer, in the order [`LayerWeights`] takes them.
 const MATRIX_ROLES: [&str; 7] = [
     "attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate", "ffn.up", "ffn.down",
@@ -157,7 +150,8 @@ pub struct StreamingExecutor {
     manifest: Manifest,
     kernels: Arc<dyn Kernels>,
     plans: Vec<LayerPlan>,
-    vectors: Vec<LayerVectors>,
+    /// Per-layer norms and biases (kept, or read per use in stream mode).
+    vectors: LayerVectorStore,
     output_norm: Vec<f32>,
     residency: ResidencyPlan,
     prefetcher: Option<Prefetcher>,
@@ -184,6 +178,9 @@ pub struct StreamingExecutor {
     faulted_in: Vec<bool>,
     /// The output head is kept resident and its pages were populated once.
     head_faulted_in: bool,
+    /// Rows at the start of a head the cap streams that are kept mapped
+    /// anyway (the rest of the cap); populated once with `head_faulted_in`.
+    head_kept_rows: usize,
     /// Canonical names of each layer's matrices, in [`MATRIX_ROLES`] order.
     matrix_names: Vec<[String; 7]>,
     /// Buffers of a step (ids, positions, activations, logits), reused.
@@ -248,35 +245,12 @@ impl StreamingExecutor {
     ) -> Result<StreamingExecutor> {
         let b = backend.as_ref();
         let k = kernels.as_ref();
-        let optional = |i: usize, role: &str| -> Result<Option<Vec<f32>>> {
-            let name = layer_tensor(i, role);
-            if manifest.layers[i].tensors.iter().any(|t| t.name == name) {
-                read_vector(b, k, &name).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
         // Hybrid stacks keep their own per-layer vectors.
         let hybrid = match cfg.arch {
             Arch::Qwen35 => Some(HybridLayers::load(b, k, &cfg)?),
             _ => None,
         };
         let n_uniform = if hybrid.is_some() { 0 } else { cfg.n_layer };
-        let mut vectors = Vec::with_capacity(n_uniform);
-        for i in 0..n_uniform {
-            vectors.push(LayerVectors {
-                attn_norm: read_vector(b, k, &layer_tensor(i, "attn_norm"))?,
-                ffn_norm: read_vector(b, k, &layer_tensor(i, "ffn_norm"))?,
-                q_bias: optional(i, "attn.q.bias")?,
-                k_bias: optional(i, "attn.k.bias")?,
-                v_bias: optional(i, "attn.v.bias")?,
-                o_bias: optional(i, "attn.o.bias")?,
-                q_norm: optional(i, "attn.q_norm")?,
-                k_norm: optional(i, "attn.k_norm")?,
-                post_attn_norm: optional(i, "post_attn_norm")?,
-                post_ffn_norm: optional(i, "post_ffn_norm")?,
-            });
-        }
         let output_norm = read_vector(b, k, &manifest.output_norm.name)?;
         let freq_factors = match &manifest.rope_freqs {
             Some(t) => Some(read_vector(b, k, &t.name)?),
@@ -289,11 +263,12 @@ impl StreamingExecutor {
             Prefetch::Ahead { depth } => depth.max(1),
             Prefetch::Off => 1,
         };
-        let residency = ResidencyPlan::with_stream_buffers(
+        let capped_chunk = capped_head_chunk_bytes(&manifest);
+        let mut residency = ResidencyPlan::with_stream_buffers(
             opts.residency,
             &manifest,
             read_depth,
-            HEAD_CHUNK_BYTES as u64,
+            capped_chunk as u64,
         );
         let selection = match &opts.layers {
             Some(selection) => {
@@ -324,20 +299,37 @@ impl StreamingExecutor {
             _ => (None, 0),
         };
         // Capped residency reads what it streams explicitly (not through
-        // the page cache, where it would evict the kept layers).
+        // the page cache, where it would evict the kept layers). What the cap
+        // leaves after whole layers keeps the head's first rows (whole rows).
+        let head_row_bytes = open(b, &manifest.output.name)
+            .and_then(|h| weight(&h).map(|w| w.row_bytes() as u64))
+            .unwrap_or(0);
+        let mut head_kept_rows = 0;
         let streamer = match (opts.residency, opts.prefetch, cfg.arch) {
-            (crate::Residency::Cap(_), Prefetch::Ahead { .. }, a) if a != Arch::Qwen35 => {
+            (crate::Residency::Cap(_) | crate::Residency::Custom(_), Prefetch::Ahead { .. }, a)
+                if a != Arch::Qwen35 && head_row_bytes > 0 =>
+            {
+                (residency, head_kept_rows) = residency.with_head_rows(head_row_bytes);
                 StreamSchedule::build(
                     backend.as_ref(),
                     &manifest,
                     &residency,
                     |il| selection.runs(il) && dense.layer(il).is_none(),
-                    head_chunk_rows,
+                    |row_bytes| (capped_chunk / row_bytes.max(1)).max(64),
+                    head_kept_rows,
                     read_depth,
                 )
             }
             _ => None,
         };
+        if streamer
+            .as_ref()
+            .is_none_or(|st| st.head_chunks().is_empty())
+        {
+            // Only the stream reader's head path keeps part of a head.
+            residency = residency.without_partial_head();
+            head_kept_rows = 0;
+        }
         // Every other matrix that is neither kept nor read by the stream
         // reader is mapped chunk by chunk, a fixed byte budget at a time.
         let chunked_layer: Vec<bool> = (0..cfg.n_layer)
@@ -362,6 +354,9 @@ impl StreamingExecutor {
         {
             chunk_names.push(manifest.output.name.clone());
         }
+        // The layers' norms and biases: kept as f32 copies, except those of
+        // chunked layers, read again whenever the layer runs.
+        let vectors = LayerVectorStore::load(b, k, &manifest, n_uniform, |il| !chunked_layer[il])?;
         // Unless everything is kept, drop what loading mapped (the norms and
         // biases just copied, and the blocks the kernel faulted in around
         // them): from here on only the weights in use are mapped.
@@ -414,6 +409,7 @@ impl StreamingExecutor {
             acquisitions: 0,
             faulted_in: vec![false; n_layer],
             head_faulted_in: false,
+            head_kept_rows,
             matrix_names,
             buffers: StepBuffers::default(),
             ctx,
@@ -724,7 +720,9 @@ impl StreamingExecutor {
                 None => handles.iter().map(weight).collect::<Result<Vec<_>>>()?,
             };
 
-            let v = &self.vectors[il];
+            let v =
+                self.vectors
+                    .get(backend.as_ref(), self.kernels.as_ref(), &self.manifest, il)?;
             let weights = LayerWeights {
                 attn_norm: &v.attn_norm,
                 q: matrices[0],
@@ -923,6 +921,10 @@ impl StreamingExecutor {
             if let Some(within) = self.mapped_bounds.get(h.info().file_index) {
                 for &id in ids {
                     let r = id as usize;
+                    // Rows of a tied head's kept part stay.
+                    if self.manifest.output_tied && r < self.head_kept_rows {
+                        continue;
+                    }
                     if let Ok(row) = w.row_range(r..r + 1) {
                         // SAFETY: `within` is the span of the embedding's
                         // file in its read-only mapping, alive with `self.backend`.
@@ -978,15 +980,36 @@ impl StreamingExecutor {
             .as_mut()
             .filter(|st| !st.head_chunks().is_empty())
         {
-            // A head the cap streams: row chunks read ahead into buffers.
+            // A head the cap streams: its kept first rows from the mapping
+            // (populated once), then row chunks read ahead into buffers.
             let max_rows = st
                 .head_chunks()
                 .iter()
                 .map(|(r, _)| r.len())
                 .max()
                 .unwrap_or(0);
+            let kept = self.head_kept_rows;
             part.clear();
-            part.resize(m * max_rows, 0.0);
+            part.resize(m * max_rows.max(kept), 0.0);
+            if kept > 0 {
+                let chunk = w.row_range(0..kept).map_err(kernel_error)?;
+                if !self.head_faulted_in {
+                    let t_io = Instant::now();
+                    memory::populate(chunk.data);
+                    self.head_faulted_in = true;
+                    self.profiler.record_other("head_io_wait", t_io.elapsed());
+                }
+                let t_mm = Instant::now();
+                let out = &mut part[..m * kept];
+                self.kernels
+                    .matmul(&chunk, x, m, out)
+                    .map_err(kernel_error)?;
+                for t in 0..m {
+                    logits[t * vocab..t * vocab + kept]
+                        .copy_from_slice(&out[t * kept..(t + 1) * kept]);
+                }
+                self.profiler.record_other("matmul_head", t_mm.elapsed());
+            }
             for k in 0..st.head_chunks().len() {
                 let (range, item) = st.head_chunks()[k].clone();
                 let t_io = Instant::now();

@@ -8,6 +8,7 @@ use flatrun_kernels::ops::KvSlice;
 use flatrun_model::arch::LayerKv;
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
+use half::vec::HalfBitsVecExt;
 
 /// Slot storage in the chosen element type.
 #[derive(Debug)]
@@ -19,7 +20,9 @@ enum KvStore {
 impl KvStore {
     fn new(kind: KvType, len: usize) -> KvStore {
         match kind {
-            KvType::F16 => KvStore::F16(vec![f16::ZERO; len]),
+            // Zeroed through `calloc` (0u16 is f16 zero): pages no position
+            // has reached yet are never touched, so they cost no memory.
+            KvType::F16 => KvStore::F16(vec![0u16; len].reinterpret_into()),
             KvType::F32 => KvStore::F32(vec![0.0; len]),
         }
     }

@@ -14,6 +14,10 @@ use flatrun_model::{Manifest, ModelConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// Metadata arrays longer than this (vocabularies, merges) are dropped
+/// from the backend once the tokenizer is built.
+const METADATA_ARRAY_KEEP: usize = 4096;
+
 /// A loaded model.
 pub struct Model {
     path: PathBuf,
@@ -27,7 +31,7 @@ impl Model {
     /// directory, or an MLX directory) with `opts`.
     pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Model> {
         let path = path.as_ref().to_path_buf();
-        let backend: Arc<dyn StorageBackend> = Arc::from(flatrun_format::open(&path)?);
+        let mut backend = flatrun_format::open(&path)?;
         let (mut cfg, tokenizer, template) = if backend.name() == "gguf" {
             let md = backend.metadata();
             let cfg = ModelConfig::from_gguf(md)?;
@@ -49,6 +53,11 @@ impl Model {
             let tpl = ChatTemplate::from_hf_dir(&dir, cfg.arch.name()).map_err(|e| e.to_string());
             (cfg, tok, tpl)
         };
+        // The tokenizer has its own tables now: drop the header's parsed
+        // copies of the vocabulary (tens of MiB that would otherwise stay
+        // resident, and under a memory cap leave less room for weights).
+        backend.forget_large_metadata_arrays(METADATA_ARRAY_KEEP);
+        let backend: Arc<dyn StorageBackend> = Arc::from(backend);
         let manifest = Manifest::build(&cfg, backend.tensors())?;
         cfg.vocab_size = manifest.vocab_size();
         if let Some(n) = opts.threads {

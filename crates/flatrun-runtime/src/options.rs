@@ -2,10 +2,11 @@
 
 use crate::error::{Result, RuntimeError};
 pub use flatrun_kernels::BackendKind;
+use flatrun_model::Manifest;
 use std::str::FromStr;
 
 /// How much of the model stays resident between uses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default)]
 pub enum Residency {
     /// Only the executing layer's weights are resident; each layer's pages are
     /// released (`MADV_DONTNEED`) right after it ran.
@@ -16,7 +17,42 @@ pub enum Residency {
     Cap(u64),
     /// Everything mapped and kept.
     Resident,
+    /// A policy of your own: the function gets the model's manifest (every
+    /// layer's index, tensors and bytes) and returns, per layer, whether to keep
+    /// it resident; the other layers and the output head are streamed as under
+    /// [`Residency::Cap`] (read into reused buffers). Missing entries count as
+    /// streamed, extra ones are ignored.
+    ///
+    /// ```
+    /// use flatrun_runtime::{Manifest, Residency};
+    /// // Keep the first half of the layers resident.
+    /// fn first_half(m: &Manifest) -> Vec<bool> {
+    ///     let n = m.layers.len();
+    ///     (0..n).map(|i| i < n / 2).collect()
+    /// }
+    /// let policy = Residency::Custom(first_half);
+    /// # let _ = policy;
+    /// ```
+    Custom(fn(&Manifest) -> Vec<bool>),
 }
+
+impl PartialEq for Residency {
+    /// Policies are equal when they are the same variant with the same cap, or
+    /// `Custom` with the same function address (function addresses are not
+    /// guaranteed unique, so two `Custom` policies compare by address only).
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Residency::Stream, Residency::Stream) | (Residency::Resident, Residency::Resident) => {
+                true
+            }
+            (Residency::Cap(a), Residency::Cap(b)) => a == b,
+            (Residency::Custom(f), Residency::Custom(g)) => std::ptr::fn_addr_eq(*f, *g),
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Residency {}
 
 impl FromStr for Residency {
     type Err = RuntimeError;

@@ -397,7 +397,8 @@ const COALESCE_GAP: u64 = 64 << 10;
 
 impl StreamSchedule {
     /// Plan explicit reads of every layer `plan` does not keep (and for
-    /// which `streamed(i)` holds), and of the output head in chunks of
+    /// which `streamed(i)` holds), and of the output head from row
+    /// `head_first_row` on (the rows before are kept) in chunks of
     /// `head_chunk_rows(row_bytes)` rows when it is not kept. `None` when
     /// nothing is streamed, or the checkpoint's tensors are not plain byte
     /// ranges of its files (MLX companion arrays): the mapping is used then.
@@ -407,6 +408,7 @@ impl StreamSchedule {
         plan: &ResidencyPlan,
         streamed: impl Fn(usize) -> bool,
         head_chunk_rows: impl Fn(usize) -> usize,
+        head_first_row: usize,
         depth: usize,
     ) -> Option<StreamSchedule> {
         let span_of = |name: &str| -> Option<Span> {
@@ -446,7 +448,7 @@ impl StreamSchedule {
             let w = Weight::from_handle(&h).ok()?;
             let row_bytes = w.row_bytes() as u64;
             let chunk_rows = head_chunk_rows(w.row_bytes()).max(1);
-            let mut r0 = 0;
+            let mut r0 = head_first_row.min(w.rows);
             while r0 < w.rows {
                 let r1 = (r0 + chunk_rows).min(w.rows);
                 head_chunks.push((r0..r1, items.len()));

@@ -3,8 +3,8 @@
 //!
 //! The directories are written by `scripts/gen_hf_checkpoints.py` into
 //! `$FLATRUN_HF_CKPT` (default `~/.cache/flatrun/hf-ckpt`; `setup-test-env.sh`
-//! runs it, and each test reruns it for its variant — a no-op when the
-//! directory's stamp matches): every weight dequantized and stored under its
+//! runs it, and the first test of each variant reruns it for that variant — a
+//! no-op when the directory's stamp matches): every weight dequantized and stored under its
 //! HF name and layout (llama Q/K rows un-permuted, Gemma norms without the
 //! "+1"), `config.json`, `tokenizer.json` exported from the GGUF vocabulary,
 //! `tokenizer_config.json` with the chat template. Variants: f16 single file
@@ -125,8 +125,9 @@ fn bounds(dtype: Dtype) -> Bounds {
     }
 }
 
-/// Serializes the generator: the tests of one binary run on parallel threads.
-static GENERATOR: Mutex<()> = Mutex::new(());
+/// The variants the generator has brought up to date in this process; the
+/// lock also serializes it (the tests of one binary run on parallel threads).
+static GENERATED: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
 
 fn hf_ckpt_dir() -> PathBuf {
     std::env::var_os("FLATRUN_HF_CKPT")
@@ -144,8 +145,8 @@ fn hf_dir(variant: &Variant) -> Option<PathBuf> {
     let source = common::model(variant.source)?;
     let dir = hf_ckpt_dir().join(variant.dir);
     let py = python();
-    if py.exists() {
-        let _guard = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    let mut generated = GENERATED.lock().unwrap_or_else(|e| e.into_inner());
+    if py.exists() && !generated.contains(&variant.dir) {
         let script =
             PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/gen_hf_checkpoints.py");
         let status = Command::new(&py)
@@ -163,7 +164,9 @@ fn hf_dir(variant: &Variant) -> Option<PathBuf> {
             "gen_hf_checkpoints.py failed for {}",
             variant.dir
         );
+        generated.push(variant.dir);
     }
+    drop(generated);
     if dir.join("config.json").exists() {
         return Some(dir);
     }

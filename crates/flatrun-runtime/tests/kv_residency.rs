@@ -105,3 +105,30 @@ fn residency_parses() {
     );
     assert!("cap=lots".parse::<Residency>().is_err());
 }
+
+#[test]
+fn cap_gives_what_is_left_to_the_first_rows_of_a_head_that_does_not_fit() {
+    let m = manifest(&[10, 30, 20, 30], 200);
+    let plan = ResidencyPlan::new(Residency::Cap(100), &m);
+    // Every layer (90) fits, the head (200) does not: its first 10 bytes are kept.
+    assert!(!plan.output_resident);
+    assert_eq!(plan.resident, vec![true; 4]);
+    assert_eq!(plan.output_kept_bytes, 10);
+    assert_eq!(plan.resident_bytes, 100);
+    assert_eq!(plan.streamed_bytes_per_token, 290 - 100);
+    // Rounded down to whole rows of 4 bytes: 2 rows, 8 bytes.
+    let (rows_plan, rows) = plan.clone().with_head_rows(4);
+    assert_eq!(rows, 2);
+    assert_eq!(rows_plan.output_kept_bytes, 8);
+    assert_eq!(rows_plan.resident_bytes, 98);
+    assert_eq!(rows_plan.streamed_bytes_per_token, 192);
+    // Paths that stream the head whole keep none of it.
+    let whole = plan.without_partial_head();
+    assert_eq!(whole.output_kept_bytes, 0);
+    assert_eq!(whole.resident_bytes, 90);
+    assert_eq!(whole.streamed_bytes_per_token, 200);
+    // A kept head leaves nothing partial.
+    let kept = ResidencyPlan::new(Residency::Cap(75), &manifest(&[10, 30, 20, 30], 50));
+    assert!(kept.output_resident);
+    assert_eq!(kept.output_kept_bytes, 0);
+}

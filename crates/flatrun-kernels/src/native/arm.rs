@@ -5,8 +5,8 @@
 //! weight row and a tile of 1..=4 tokens (`acts[t]`, `out[t]`); each weight block
 //! is loaded and unpacked into registers once, then multiplied with every token
 //! of the tile. They live by concept in `arm_legacy.rs` (32-value blocks against
-//! Q8), `arm_kquants.rs` (256-value super-blocks against Q8_K) and `arm_float.rs`
-//! (F32/F16/BF16), each written once, generic over `const DOT: bool` (which
+//! Q8), `arm_kquants.rs` (256-value super-blocks against Q8_K), `arm_mlx.rs`
+//! (MLX affine 4/8-bit against Q8) and `arm_float.rs` (F32/F16/BF16), each written once, generic over `const DOT: bool` (which
 //! integer dot [`dot16`] uses) and `const N: usize` (the tile size), and marked
 //! `#[inline(always)]`. The two levels below instantiate them:
 //!
@@ -16,6 +16,8 @@
 //!   `#[target_feature(enable = "neon,dotprod")]`, so the `sdot` of [`dot16`]
 //!   is inlined and the rest is scheduled for that CPU.
 //!
+//! (`levels!` at the end writes both modules' entry points from one list.)
+//!
 //! The entry points are safe: they check every slice length the kernels rely
 //! on (a malformed call goes to the portable kernels), and the dotprod ones
 //! check the CPU feature themselves (a cached load) before entering code that
@@ -24,9 +26,10 @@
 //! # Safety (every `unsafe fn` in these files)
 //! The caller must pass a row of whole blocks, `N` activation rows each
 //! holding at least the matching number of activation blocks, and `N` outputs
-//! (what [`checked`] and the tiling in `tile!` guarantee); the kernels index
-//! with `get_unchecked` and raw pointers inside those bounds only. `DOT = true` additionally needs a CPU with
-//! the dot-product extension.
+//! (what [`checked`] and the tiling in `tile!` guarantee; for MLX rows,
+//! `MlxRowsData::fits`); the kernels index with `get_unchecked` and raw
+//! pointers inside those bounds only. `DOT = true` additionally needs a CPU
+//! with the dot-product extension.
 
 use std::arch::aarch64::*;
 use std::arch::asm;
@@ -34,6 +37,7 @@ use std::arch::asm;
 use flatrun_format::GgmlType;
 
 use super::dispatch::each_row;
+use super::mlx_affine::{MlxLayout, MlxRowsData};
 use super::quantize::{BlockQ8, BlockQ8K};
 use super::scalar;
 
@@ -43,6 +47,8 @@ mod float;
 mod kquants;
 #[path = "arm_legacy.rs"]
 mod legacy;
+#[path = "arm_mlx.rs"]
+mod mlx;
 
 /// `acc` plus the sum of the 16 products `a[i] · b[i]` (i8 × i8), spread over
 /// the four i32 lanes (how it is spread differs by level; only the lanes' total
@@ -276,109 +282,82 @@ fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32
     }
 }
 
-/// Kernels for NEON without the dot-product extension (`SimdLevel::Neon`):
-/// integer dots by `smull`/`smull2` + `sadalp`.
-pub(crate) mod neon {
-    use super::{BlockQ8, BlockQ8K, GgmlType};
+/// The safe entry points of both levels, one per kernel family `$kernel::<DOT>`:
+/// `neon::$name` runs it with `DOT = false`; `dotprod::$name` checks the CPU
+/// feature (a cached load) and runs it with `DOT = true` inside a function
+/// compiled with `#[target_feature(enable = "neon,dotprod")]`, or falls back to
+/// `neon::$name` without the feature.
+macro_rules! levels {
+    ($($(#[doc = $doc:literal])* fn $name:ident($($arg:ident: $ty:ty),*) = $($kernel:ident)::+;)*) => {
+        /// Kernels for NEON without the dot-product extension (`SimdLevel::Neon`):
+        /// integer dots by `smull`/`smull2` + `sadalp`.
+        pub(crate) mod neon {
+            use super::{BlockQ8, BlockQ8K, GgmlType, MlxLayout, MlxRowsData};
+            $(
+                $(#[doc = $doc])*
+                pub(crate) fn $name($($arg: $ty),*) {
+                    // SAFETY: `DOT = false` needs only NEON, which every aarch64 CPU has.
+                    unsafe { super::$($kernel)::+::<false>($($arg),*) }
+                }
+            )*
 
-    /// Rows × Q8 tile.
-    pub(crate) fn rows_q8(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8]],
-        out: &mut [f32],
-    ) {
-        // SAFETY: `DOT = false` needs only NEON, which every aarch64 CPU has.
-        unsafe { super::rows_q8::<false>(t, rows, rb, acts, out) }
-    }
+            /// Rows × f32 tile.
+            pub(crate) fn rows_f32(
+                t: GgmlType,
+                rows: &[u8],
+                rb: usize,
+                acts: &[&[f32]],
+                out: &mut [f32],
+            ) {
+                super::rows_f32(t, rows, rb, acts, out)
+            }
+        }
 
-    /// Rows × Q8_K tile.
-    pub(crate) fn rows_q8k(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8K]],
-        out: &mut [f32],
-    ) {
-        // SAFETY: `DOT = false` needs only NEON, which every aarch64 CPU has.
-        unsafe { super::rows_q8k::<false>(t, rows, rb, acts, out) }
-    }
+        /// Kernels for NEON with the dot-product extension (`SimdLevel::NeonDot`):
+        /// integer dots by `sdot`. Each entry checks the feature and falls back to
+        /// [`neon`] without it, so it is safe to call anywhere.
+        pub(crate) mod dotprod {
+            use super::{BlockQ8, BlockQ8K, GgmlType, MlxLayout, MlxRowsData};
 
-    /// Rows × f32 tile.
-    pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
-        super::rows_f32(t, rows, rb, acts, out)
-    }
+            fn has_dotprod() -> bool {
+                std::arch::is_aarch64_feature_detected!("dotprod")
+            }
+            $(
+                $(#[doc = $doc])*
+                pub(crate) fn $name($($arg: $ty),*) {
+                    /// # Safety
+                    /// The CPU must support the dot-product extension.
+                    #[target_feature(enable = "neon,dotprod")]
+                    unsafe fn with_sdot($($arg: $ty),*) {
+                        super::$($kernel)::+::<true>($($arg),*)
+                    }
+                    if !has_dotprod() {
+                        return super::neon::$name($($arg),*);
+                    }
+                    // SAFETY: the CPU has dotprod (checked just above).
+                    unsafe { with_sdot($($arg),*) }
+                }
+            )*
+
+            /// Rows × f32 tile (no integer dots: the NEON kernels).
+            pub(crate) fn rows_f32(
+                t: GgmlType,
+                rows: &[u8],
+                rb: usize,
+                acts: &[&[f32]],
+                out: &mut [f32],
+            ) {
+                super::neon::rows_f32(t, rows, rb, acts, out)
+            }
+        }
+    };
 }
 
-/// Kernels for NEON with the dot-product extension (`SimdLevel::NeonDot`):
-/// integer dots by `sdot`. Each entry checks the feature (a cached load) and
-/// falls back to [`neon`] without it, so it is safe to call anywhere.
-pub(crate) mod dotprod {
-    use super::{BlockQ8, BlockQ8K, GgmlType};
-
-    fn has_dotprod() -> bool {
-        std::arch::is_aarch64_feature_detected!("dotprod")
-    }
-
-    /// Rows × Q8 tile.
-    pub(crate) fn rows_q8(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8]],
-        out: &mut [f32],
-    ) {
-        if !has_dotprod() {
-            return super::neon::rows_q8(t, rows, rb, acts, out);
-        }
-        // SAFETY: the CPU has dotprod (checked just above).
-        unsafe { rows_q8_sdot(t, rows, rb, acts, out) }
-    }
-
-    /// Rows × Q8_K tile.
-    pub(crate) fn rows_q8k(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8K]],
-        out: &mut [f32],
-    ) {
-        if !has_dotprod() {
-            return super::neon::rows_q8k(t, rows, rb, acts, out);
-        }
-        // SAFETY: the CPU has dotprod (checked just above).
-        unsafe { rows_q8k_sdot(t, rows, rb, acts, out) }
-    }
-
-    /// Rows × f32 tile (no integer dots: the NEON kernels).
-    pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
-        super::neon::rows_f32(t, rows, rb, acts, out)
-    }
-
-    /// # Safety
-    /// The CPU must support the dot-product extension.
-    #[target_feature(enable = "neon,dotprod")]
-    unsafe fn rows_q8_sdot(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8]],
-        out: &mut [f32],
-    ) {
-        super::rows_q8::<true>(t, rows, rb, acts, out)
-    }
-
-    /// # Safety
-    /// The CPU must support the dot-product extension.
-    #[target_feature(enable = "neon,dotprod")]
-    unsafe fn rows_q8k_sdot(
-        t: GgmlType,
-        rows: &[u8],
-        rb: usize,
-        acts: &[&[BlockQ8K]],
-        out: &mut [f32],
-    ) {
-        super::rows_q8k::<true>(t, rows, rb, acts, out)
-    }
+levels! {
+    /// Rows × Q8 tile (legacy formats, Q1_0, IQ4_NL).
+    fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) = rows_q8;
+    /// Rows × Q8_K tile (K-quants, IQ4_XS).
+    fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) = rows_q8k;
+    /// MLX affine 4/8-bit rows × Q8 tile.
+    fn rows_mlx(layout: MlxLayout, rows: &MlxRowsData, acts: &[&[BlockQ8]], out: &mut [f32]) = mlx::rows_mlx;
 }

@@ -39,6 +39,74 @@ unsafe fn widen(v: int8x16_t) -> (int16x8_t, int16x8_t) {
     (vmovl_s8(vget_low_s8(v)), vmovl_high_s8(v))
 }
 
+/// Two 16-value runs of block `i`, values `at..at + 32`, each with its own
+/// sub-block scale, against every token of the tile:
+/// `sumi[t] += s_lo · Σ v_lo·a[at..at+16] + s_hi · Σ v_hi·a[at+16..at+32]`.
+#[inline(always)]
+unsafe fn scaled_runs<const DOT: bool, const N: usize>(
+    sumi: &mut [int32x4_t; N],
+    acts: &[&[BlockQ8K]],
+    i: usize,
+    at: usize,
+    (v_lo, s_lo): (int8x16_t, i32),
+    (v_hi, s_hi): (int8x16_t, i32),
+) {
+    let zero = vdupq_n_s32(0);
+    for t in 0..N {
+        let a = acts.get_unchecked(t).get_unchecked(i).qs.as_ptr().add(at);
+        sumi[t] = vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_lo, vld1q_s8(a)), s_lo);
+        sumi[t] = vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_hi, vld1q_s8(a.add(16))), s_hi);
+    }
+}
+
+/// `−offset · Σ_g scale_g · bsums_g` for every token: where the integer sums of
+/// block `i` start when its values are used unsigned (Q3_K, Q6_K).
+#[inline(always)]
+unsafe fn offset_start<const N: usize>(
+    sc_lo: int16x8_t,
+    sc_hi: int16x8_t,
+    offset: i32,
+    acts: &[&[BlockQ8K]],
+    i: usize,
+) -> [int32x4_t; N] {
+    std::array::from_fn(|t| {
+        let a = acts.get_unchecked(t).get_unchecked(i);
+        vmulq_n_s32(group_products(sc_lo, sc_hi, a), -offset)
+    })
+}
+
+/// The end of block `i`: `acc[t] += d · d_a · sumi[t]`, one conversion and one
+/// fused multiply-add per token.
+#[inline(always)]
+unsafe fn scale_block<const N: usize>(
+    acc: &mut [float32x4_t; N],
+    sumi: &[int32x4_t; N],
+    d: f32,
+    acts: &[&[BlockQ8K]],
+    i: usize,
+) {
+    for t in 0..N {
+        let a = acts.get_unchecked(t).get_unchecked(i);
+        acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
+    }
+}
+
+/// `out[t]`: the lanes of `acc[t]` summed, less those of `acc_m[t]` when there are mins.
+#[inline(always)]
+unsafe fn store<const N: usize>(
+    out: &mut [f32],
+    acc: &[float32x4_t; N],
+    acc_m: Option<&[float32x4_t; N]>,
+) {
+    for t in 0..N {
+        let sum = vaddvq_f32(acc[t]);
+        *out.get_unchecked_mut(t) = match acc_m {
+            Some(m) => sum - vaddvq_f32(m[t]),
+            None => sum,
+        };
+    }
+}
+
 /// The eight 6-bit scales and eight 6-bit mins of a Q4_K/Q5_K block (12 bytes at
 /// `p`), unpacked four at a time with whole-word masks.
 #[inline(always)]
@@ -113,31 +181,18 @@ pub(super) unsafe fn q2_k_n<const DOT: bool, const N: usize>(
                 q_hi = vshrq_n_u8(q_hi, 2);
                 let g = 8 * half + 2 * s;
                 let (s_lo, s_hi) = (scales[g] as i32, scales[g + 1] as i32);
-                for t in 0..N {
-                    let a = acts
-                        .get_unchecked(t)
-                        .get_unchecked(i)
-                        .qs
-                        .as_ptr()
-                        .add(128 * half + 32 * s);
-                    let zero = vdupq_n_s32(0);
-                    sumi[t] = vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_lo, vld1q_s8(a)), s_lo);
-                    sumi[t] =
-                        vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_hi, vld1q_s8(a.add(16))), s_hi);
-                }
+                let at = 128 * half + 32 * s;
+                scaled_runs::<DOT, N>(&mut sumi, acts, i, at, (v_lo, s_lo), (v_hi, s_hi));
             }
         }
-        for t in 0..N {
-            // The mins against the activations' group sums, then the block scales.
-            let a = acts.get_unchecked(t).get_unchecked(i);
-            let m = group_products(min_lo, min_hi, a);
-            acc_m[t] = vfmaq_n_f32(acc_m[t], vcvtq_f32_s32(m), dmin * a.d);
-            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
-        }
+        // The mins against the activations' group sums, then the block scales.
+        let mins: [int32x4_t; N] = std::array::from_fn(|t| {
+            group_products(min_lo, min_hi, acts.get_unchecked(t).get_unchecked(i))
+        });
+        scale_block(&mut acc_m, &mins, dmin, acts, i);
+        scale_block(&mut acc, &sumi, d, acts, i);
     }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(acc[t]) - vaddvq_f32(acc_m[t]);
-    }
+    store(out, &acc, Some(&acc_m));
 }
 
 /// Q3_K (32 bytes of high bits, 64 bytes of low 2 bits, 12 bytes of 6-bit scales, `d`)
@@ -157,12 +212,8 @@ pub(super) unsafe fn q3_k_n<const DOT: bool, const N: usize>(
         let d = f16_at(b.add(108));
         let scales = q3k_scales(b.add(96));
         let (sc_lo, sc_hi) = widen(vld1q_s8(scales.as_ptr()));
-        let mut sumi = [vdupq_n_s32(0); N];
-        for t in 0..N {
-            // −4 · Σ_g scale_g · bsums_g: the offset of every value, taken off up front.
-            let off = group_products(sc_lo, sc_hi, acts.get_unchecked(t).get_unchecked(i));
-            sumi[t] = vnegq_s32(vshlq_n_s32(off, 2));
-        }
+        // The −4 offset of every value, taken off up front.
+        let mut sumi = offset_start::<N>(sc_lo, sc_hi, 4, acts, i);
         // Bit 4·half + s of high-mask byte l is the third bit of value 128·half + 32·s + l.
         let mut hm_lo = vld1q_u8(b);
         let mut hm_hi = vld1q_u8(b.add(16));
@@ -180,28 +231,13 @@ pub(super) unsafe fn q3_k_n<const DOT: bool, const N: usize>(
                 // Scale g for the first 16 values, g + 1 for the next 16.
                 let g = 8 * half + 2 * s;
                 let (s_lo, s_hi) = (scales[g] as i32, scales[g + 1] as i32);
-                for t in 0..N {
-                    let a = acts
-                        .get_unchecked(t)
-                        .get_unchecked(i)
-                        .qs
-                        .as_ptr()
-                        .add(128 * half + 32 * s);
-                    let zero = vdupq_n_s32(0);
-                    sumi[t] = vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_lo, vld1q_s8(a)), s_lo);
-                    sumi[t] =
-                        vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_hi, vld1q_s8(a.add(16))), s_hi);
-                }
+                let at = 128 * half + 32 * s;
+                scaled_runs::<DOT, N>(&mut sumi, acts, i, at, (v_lo, s_lo), (v_hi, s_hi));
             }
         }
-        for t in 0..N {
-            let a = acts.get_unchecked(t).get_unchecked(i);
-            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
-        }
+        scale_block(&mut acc, &sumi, d, acts, i);
     }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(acc[t]);
-    }
+    store(out, &acc, None);
 }
 
 /// Q4_K and Q5_K share everything but the fifth bit: `FIFTH_BIT` selects Q5_K
@@ -261,25 +297,24 @@ unsafe fn k45_n<const FIFTH_BIT: bool, const DOT: bool, const N: usize>(
                 sumi[t] = vmlaq_n_s32(sumi[t], p_hi, s_hi);
             }
         }
-        for t in 0..N {
-            // The mins against the activations' sums over each 32 values (adjacent group sums).
+        // The mins against the activations' sums over each 32 values (adjacent group
+        // sums), then the block scales.
+        let min_sums: [int32x4_t; N] = std::array::from_fn(|t| {
             let a = acts.get_unchecked(t).get_unchecked(i);
             let pairs = vpaddq_s16(
                 vld1q_s16(a.bsums.as_ptr()),
                 vld1q_s16(a.bsums.as_ptr().add(8)),
             );
-            let m = vmlal_high_s16(
+            vmlal_high_s16(
                 vmull_s16(vget_low_s16(mins), vget_low_s16(pairs)),
                 mins,
                 pairs,
-            );
-            acc_m[t] = vfmaq_n_f32(acc_m[t], vcvtq_f32_s32(m), dmin * a.d);
-            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
-        }
+            )
+        });
+        scale_block(&mut acc_m, &min_sums, dmin, acts, i);
+        scale_block(&mut acc, &sumi, d, acts, i);
     }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(acc[t]) - vaddvq_f32(acc_m[t]);
-    }
+    store(out, &acc, Some(&acc_m));
 }
 
 /// Q4_K × a tile of `N` Q8_K token rows.
@@ -318,12 +353,8 @@ pub(super) unsafe fn q6_k_n<const DOT: bool, const N: usize>(
         let d = f16_at(b.add(208));
         let scales: [i8; 16] = b.add(192).cast::<[i8; 16]>().read();
         let (sc_lo, sc_hi) = widen(vld1q_s8(scales.as_ptr()));
-        let mut sumi = [vdupq_n_s32(0); N];
-        for t in 0..N {
-            // −32 · Σ_g scale_g · bsums_g: the offset of every value, taken off up front.
-            let off = group_products(sc_lo, sc_hi, acts.get_unchecked(t).get_unchecked(i));
-            sumi[t] = vnegq_s32(vshlq_n_s32(off, 5));
-        }
+        // The −32 offset of every value, taken off up front.
+        let mut sumi = offset_start::<N>(sc_lo, sc_hi, 32, acts, i);
         for half in 0..2 {
             // 128 values from 64 bytes of nibbles (ql0, ql1) and 32 bytes of 2-bit pairs (qh).
             let ql0 = [vld1q_u8(b.add(64 * half)), vld1q_u8(b.add(64 * half + 16))];
@@ -356,28 +387,13 @@ pub(super) unsafe fn q6_k_n<const DOT: bool, const N: usize>(
                 // Scale g for the first 16 values, g + 1 for the next 16.
                 let g = 8 * half + 2 * k;
                 let (s_lo, s_hi) = (scales[g] as i32, scales[g + 1] as i32);
-                for t in 0..N {
-                    let a = acts
-                        .get_unchecked(t)
-                        .get_unchecked(i)
-                        .qs
-                        .as_ptr()
-                        .add(128 * half + 32 * k);
-                    let zero = vdupq_n_s32(0);
-                    sumi[t] = vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_lo, vld1q_s8(a)), s_lo);
-                    sumi[t] =
-                        vmlaq_n_s32(sumi[t], dot16::<DOT>(zero, v_hi, vld1q_s8(a.add(16))), s_hi);
-                }
+                let at = 128 * half + 32 * k;
+                scaled_runs::<DOT, N>(&mut sumi, acts, i, at, (v_lo, s_lo), (v_hi, s_hi));
             }
         }
-        for t in 0..N {
-            let a = acts.get_unchecked(t).get_unchecked(i);
-            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
-        }
+        scale_block(&mut acc, &sumi, d, acts, i);
     }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(acc[t]);
-    }
+    store(out, &acc, None);
 }
 
 /// IQ4_XS (`d`, 8 six-bit sub-block scales, 128 bytes of level indices) × a tile
@@ -416,12 +432,7 @@ pub(super) unsafe fn iq4_xs_n<const DOT: bool, const N: usize>(
                 sumi[t] = vmlaq_n_s32(sumi[t], p, ls - 32);
             }
         }
-        for t in 0..N {
-            let a = acts.get_unchecked(t).get_unchecked(i);
-            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi[t]), d * a.d);
-        }
+        scale_block(&mut acc, &sumi, d, acts, i);
     }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(acc[t]);
-    }
+    store(out, &acc, None);
 }

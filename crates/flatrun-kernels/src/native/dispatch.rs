@@ -1,7 +1,7 @@
 //! Run-time SIMD dispatch: one table of function pointers per level, chosen once.
 //!
 //! Every entry takes a group of whole weight rows (`rows`, `row_bytes` each) and a
-//! tile of 1..=4 token rows (`acts`), and writes `out[r * acts.len() + t]`. One
+//! tile of 1..=4 token rows (`acts`; `q8` also `q8_tile`), and writes `out[r * acts.len() + t]`. One
 //! indirect call per row group keeps the dispatch cost off the per-row path: a
 //! 576-wide row is only 18 blocks.
 
@@ -27,6 +27,9 @@ pub(crate) struct Dispatch {
     /// for them (its tiled K-quant matmul); the same function where no such order is kept.
     pub q8k_wide: Q8KRows,
     pub f32: F32Rows,
+    /// The widest token tile `q8` takes: 4, or 8 where it has 8-token kernels (x86). Tiles
+    /// are 1..=4 tokens or exactly this many.
+    pub q8_tile: usize,
 }
 
 /// From this many tokens per call llama.cpp's CPU backend multiplies non-repacked K-quant
@@ -78,6 +81,7 @@ impl Dispatch {
             q8k: scalar_q8k,
             q8k_wide: scalar_q8k,
             f32: scalar_f32,
+            q8_tile: 4,
         };
         match level {
             #[cfg(target_arch = "x86_64")]
@@ -86,6 +90,7 @@ impl Dispatch {
                 q8k: super::x86::avx2::rows_q8k,
                 q8k_wide: super::x86::avx2::rows_q8k_wide,
                 f32: super::x86::avx2::rows_f32,
+                q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512 => Dispatch {
@@ -93,6 +98,7 @@ impl Dispatch {
                 q8k: super::x86::avx512::rows_q8k,
                 q8k_wide: super::x86::avx512::rows_q8k_wide,
                 f32: super::x86::avx512::rows_f32,
+                q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
             SimdLevel::Avx512Vnni => Dispatch {
@@ -100,6 +106,7 @@ impl Dispatch {
                 q8k: super::x86::vnni::rows_q8k,
                 q8k_wide: super::x86::vnni::rows_q8k_wide,
                 f32: super::x86::vnni::rows_f32,
+                q8_tile: 8,
             },
             #[cfg(target_arch = "aarch64")]
             SimdLevel::Neon => Dispatch {
@@ -107,6 +114,7 @@ impl Dispatch {
                 q8k: super::arm::neon::rows_q8k,
                 q8k_wide: super::arm::neon::rows_q8k,
                 f32: super::arm::neon::rows_f32,
+                q8_tile: 4,
             },
             #[cfg(target_arch = "aarch64")]
             SimdLevel::NeonDot => Dispatch {
@@ -114,6 +122,7 @@ impl Dispatch {
                 q8k: super::arm::dotprod::rows_q8k,
                 q8k_wide: super::arm::dotprod::rows_q8k,
                 f32: super::arm::dotprod::rows_f32,
+                q8_tile: 4,
             },
             _ => scalar,
         }

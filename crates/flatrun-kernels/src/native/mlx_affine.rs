@@ -94,7 +94,7 @@ pub(crate) fn supports(format: WeightFormat) -> Option<MlxLayout> {
         _ => return None,
     };
     let group = group_size as usize;
-    let fused = matches!(bits, 4 | 8) && group > 0 && group % QK8 == 0;
+    let fused = matches!(bits, 4 | 8) && group > 0 && group.is_multiple_of(QK8);
     fused.then_some(MlxLayout {
         bits: bits as u32,
         group,
@@ -125,7 +125,7 @@ pub(crate) struct MlxRowsData<'a> {
 
 impl MlxRowsData<'_> {
     /// Number of whole rows held (0 when a part is short).
-    fn n_rows(&self) -> usize {
+    pub(crate) fn n_rows(&self) -> usize {
         if self.row_bytes == 0 || self.scale_row_bytes == 0 {
             return 0;
         }
@@ -135,13 +135,34 @@ impl MlxRowsData<'_> {
     }
 
     /// Row `r`: its packed values, scales and biases.
-    fn row(&self, r: usize) -> (&[u8], &[u8], &[u8]) {
+    pub(crate) fn row(&self, r: usize) -> (&[u8], &[u8], &[u8]) {
         let (rb, sb) = (self.row_bytes, self.scale_row_bytes);
         (
             &self.data[r * rb..(r + 1) * rb],
             &self.scales[r * sb..(r + 1) * sb],
             &self.biases[r * sb..(r + 1) * sb],
         )
+    }
+
+    /// Whether a SIMD kernel may index this call without checks: every row is
+    /// whole groups with a scale and a bias per group, 1..=4 activation rows
+    /// each hold a Q8 block per 32 values of a row, and `out` has a value per
+    /// row and token. (The SIMD kernels run the portable one otherwise.)
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
+    pub(crate) fn fits(&self, layout: MlxLayout, acts: &[&[BlockQ8]], out: &[f32]) -> bool {
+        let block_bytes = QK8 * layout.bits as usize / 8;
+        let group_bytes = block_bytes * (layout.group / QK8);
+        let n_groups = self.row_bytes / group_bytes.max(1);
+        let need_blocks = self.row_bytes / block_bytes.max(1);
+        group_bytes > 0
+            && self.row_bytes.is_multiple_of(group_bytes)
+            && self.scale_row_bytes >= n_groups * layout.scales.size()
+            && (1..=4).contains(&acts.len())
+            && out.len() >= self.n_rows() * acts.len()
+            && acts.iter().all(|a| a.len() >= need_blocks)
     }
 }
 
@@ -152,6 +173,10 @@ pub(crate) fn rows_for_level(level: SimdLevel) -> MlxRows {
         SimdLevel::Avx2 | SimdLevel::Avx512 => x86::avx2::rows,
         #[cfg(target_arch = "x86_64")]
         SimdLevel::Avx512Vnni => x86::vnni::rows,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::Neon => super::arm::neon::rows_mlx,
+        #[cfg(target_arch = "aarch64")]
+        SimdLevel::NeonDot => super::arm::dotprod::rows_mlx,
         _ => rows_scalar,
     }
 }
@@ -219,7 +244,7 @@ impl NativeKernels {
 
 /// `2^(bits−1)`: the centre that makes the values signed.
 #[inline(always)]
-fn centre(bits: u32) -> i32 {
+pub(crate) fn centre(bits: u32) -> i32 {
     1 << (bits - 1)
 }
 
@@ -265,6 +290,34 @@ pub(crate) fn rows_scalar(
         }
     }
 }
+
+/// `$kernel::<BITS, $c…, N>(layout, rows, acts, out)` for the layout's width
+/// (4 or 8) and the tile's size (1..=4 tokens): the SIMD kernels' const-generic
+/// instantiations, or the portable kernel for another width. Expands to calls
+/// of the `unsafe fn` `$kernel`, inside the caller's `unsafe` block.
+#[cfg_attr(
+    not(any(target_arch = "x86_64", target_arch = "aarch64")),
+    allow(unused_macros)
+)]
+macro_rules! by_bits_and_tile {
+    ($kernel:ident $(, $c:expr)*; $layout:expr, $rows:expr, $acts:expr, $out:expr) => {{
+        let (layout, rows, acts, out) = ($layout, $rows, $acts, $out);
+        match (layout.bits, acts.len()) {
+            (4, 1) => $kernel::<4, $($c,)* 1>(layout, rows, acts, out),
+            (4, 2) => $kernel::<4, $($c,)* 2>(layout, rows, acts, out),
+            (4, 3) => $kernel::<4, $($c,)* 3>(layout, rows, acts, out),
+            (4, _) => $kernel::<4, $($c,)* 4>(layout, rows, acts, out),
+            (8, 1) => $kernel::<8, $($c,)* 1>(layout, rows, acts, out),
+            (8, 2) => $kernel::<8, $($c,)* 2>(layout, rows, acts, out),
+            (8, 3) => $kernel::<8, $($c,)* 3>(layout, rows, acts, out),
+            (8, _) => $kernel::<8, $($c,)* 4>(layout, rows, acts, out),
+            _ => $crate::native::mlx_affine::rows_scalar(layout, rows, acts, out),
+        }
+    }};
+}
+// (By path for `arm_mlx.rs`; the x86 kernels below see the macro in scope.)
+#[cfg_attr(not(target_arch = "aarch64"), allow(unused_imports))]
+pub(crate) use by_bits_and_tile;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -411,11 +464,10 @@ mod x86 {
                 unsafe fn rows_bits<const BITS: u32, const N: usize>(
                     layout: MlxLayout,
                     rows: &MlxRowsData,
-                    n_rows: usize,
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    for r in 0..n_rows {
+                    for r in 0..rows.n_rows() {
                         let (data, scales, biases) = rows.row(r);
                         row_n::<BITS, N>(
                             layout,
@@ -436,37 +488,14 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    let n_rows = rows.n_rows();
-                    let block_bytes = QK8 * layout.bits as usize / 8;
-                    let group_bytes = block_bytes * (layout.group / QK8);
-                    let n_groups = rows.row_bytes / group_bytes.max(1);
-                    let need_blocks = rows.row_bytes / block_bytes.max(1);
-                    let ok = group_bytes > 0
-                        && rows.row_bytes % group_bytes == 0
-                        && rows.scale_row_bytes >= n_groups * layout.scales.size()
-                        && (1..=4).contains(&acts.len())
-                        && out.len() >= n_rows * acts.len()
-                        && acts.iter().all(|a| a.len() >= need_blocks);
-                    if !ok {
+                    if !rows.fits(layout, acts, out) {
                         return rows_scalar(layout, rows, acts, out);
                     }
                     // SAFETY: the host supports this module's features (checked before the
-                    // dispatch handed this function out), and `ok` proved every row holds
-                    // whole groups with their scales and biases, and every activation row
-                    // holds a Q8 block per 32 values.
-                    unsafe {
-                        match (layout.bits, acts.len()) {
-                            (4, 1) => rows_bits::<4, 1>(layout, rows, n_rows, acts, out),
-                            (4, 2) => rows_bits::<4, 2>(layout, rows, n_rows, acts, out),
-                            (4, 3) => rows_bits::<4, 3>(layout, rows, n_rows, acts, out),
-                            (4, _) => rows_bits::<4, 4>(layout, rows, n_rows, acts, out),
-                            (8, 1) => rows_bits::<8, 1>(layout, rows, n_rows, acts, out),
-                            (8, 2) => rows_bits::<8, 2>(layout, rows, n_rows, acts, out),
-                            (8, 3) => rows_bits::<8, 3>(layout, rows, n_rows, acts, out),
-                            (8, _) => rows_bits::<8, 4>(layout, rows, n_rows, acts, out),
-                            _ => rows_scalar(layout, rows, acts, out),
-                        }
-                    }
+                    // dispatch handed this function out), and `fits` proved every row holds
+                    // whole groups with their scales and biases, every activation row holds
+                    // a Q8 block per 32 values, and `out` a value per row and token.
+                    unsafe { by_bits_and_tile!(rows_bits; layout, rows, acts, out) }
                 }
             }
         };
@@ -482,7 +511,10 @@ mod x86 {
 
 impl ScaleKind {
     /// Bytes per value (for the SIMD kernels' bounds check).
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    #[cfg_attr(
+        not(any(target_arch = "x86_64", target_arch = "aarch64")),
+        allow(dead_code)
+    )]
     pub(crate) fn size(self) -> usize {
         match self {
             ScaleKind::F16 | ScaleKind::BF16 => 2,

@@ -4,8 +4,8 @@
 //! A matmul call (1) quantizes the activations once to the weights' dot
 //! partner into a reused per-thread buffer, (2) splits the rows into chunks
 //! over the pool, and (3) in each chunk walks L2-sized groups of rows, and for
-//! each group every tile of up to 4 tokens, so each weight block is unpacked
-//! once per tile and stays in cache across tiles.
+//! each group every tile of up to 4 tokens (8 for the legacy formats on x86), so
+//! each weight block is unpacked once per tile and stays in cache across tiles.
 
 #[cfg(target_arch = "aarch64")]
 mod arm;
@@ -28,8 +28,12 @@ use crate::{clamp_to_host, supported_levels, KernelError, Kernels, SimdLevel, We
 use dispatch::Dispatch;
 use quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K, QK8, QK_K};
 
-/// Tokens sharing one unpacked weight block.
+/// Tokens sharing one unpacked weight block. 4 is also the tile of ggml's repacked Q4_K
+/// GEMM, whose float order depends on it: a tile of 4 always starts at a multiple of 4.
 const TOKEN_TILE: usize = 4;
+/// The widest token tile a kernel takes ([`Dispatch::q8_tile`]: the legacy formats on x86,
+/// whose float order does not depend on the tile). A multiple of [`TOKEN_TILE`].
+const MAX_TOKEN_TILE: usize = 8;
 /// Bytes of weight rows walked by all token tiles before moving on (fits L2).
 const ROW_GROUP_BYTES: usize = 192 * 1024;
 /// Rows per kernel call in the GEMM path (their tile outputs go through a stack buffer).
@@ -111,8 +115,9 @@ impl NativeKernels {
         self.level
     }
 
-    /// Run `kernel(rows, token_tile, tile_out)` over every row group × token tile, rows split
-    /// over the pool. `kernel` gets whole rows and writes `tile_out[r * tile.len() + t]`.
+    /// Run `kernel(rows, token_tile, tile_out)` over every row group × token tile (of up to
+    /// [`TOKEN_TILE`] tokens), rows split over the pool. `kernel` gets whole rows and writes
+    /// `tile_out[r * tile.len() + t]`.
     fn for_rows<A: Sync>(
         &self,
         w: &Weight,
@@ -122,9 +127,25 @@ impl NativeKernels {
         out: &mut [f32],
         kernel: impl Fn(&[u8], &[&[A]], &mut [f32]) + Sync,
     ) {
+        self.for_rows_tiled(w, acts, acts_per_token, n_tokens, TOKEN_TILE, out, kernel)
+    }
+
+    /// [`Self::for_rows`] with tiles of up to `tile` tokens (see [`RowSplit::run`]).
+    #[allow(clippy::too_many_arguments)]
+    fn for_rows_tiled<A: Sync>(
+        &self,
+        w: &Weight,
+        acts: &[A],
+        acts_per_token: usize,
+        n_tokens: usize,
+        tile: usize,
+        out: &mut [f32],
+        kernel: impl Fn(&[u8], &[&[A]], &mut [f32]) + Sync,
+    ) {
         let split = RowSplit::new(w);
         let out_ptr = OutPtr(out.as_mut_ptr());
-        let work = |c: usize| split.run(c, w, acts, acts_per_token, n_tokens, out_ptr, &kernel);
+        let work =
+            |c: usize| split.run(c, w, acts, acts_per_token, n_tokens, tile, out_ptr, &kernel);
         if split.n_chunks <= 1 || crate::threads::threads() <= 1 {
             (0..split.n_chunks).for_each(work);
         } else {
@@ -141,6 +162,64 @@ impl NativeKernels {
             self.dispatch.q8k
         }
     }
+}
+
+/// Fewer activation values than this are quantized on the calling thread.
+const MIN_PARALLEL_QUANTIZE: usize = 16 * 1024;
+
+/// A raw pointer to the quantized blocks, shared by tasks that write disjoint tokens.
+struct BlocksPtr<B>(*mut B);
+impl<B> Clone for BlocksPtr<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for BlocksPtr<B> {}
+// SAFETY: tasks write disjoint token ranges of one live `&mut [B]` while
+// `quantize_tokens` blocks on the pool, so no block is shared.
+unsafe impl<B: Send> Send for BlocksPtr<B> {}
+// SAFETY: as above.
+unsafe impl<B: Send> Sync for BlocksPtr<B> {}
+
+impl<B> BlocksPtr<B> {
+    /// `len` blocks from block `start` (a method, so closures capture the whole wrapper).
+    ///
+    /// # Safety
+    /// `start + len` is inside the slice the pointer came from, and no other live
+    /// reference covers those blocks.
+    unsafe fn slice<'a>(self, start: usize, len: usize) -> &'a mut [B] {
+        // SAFETY: guaranteed by the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(start), len) }
+    }
+}
+
+/// Quantize the `n_tokens` rows of `x` into `out` (the same number of blocks per token),
+/// tokens split over the pool when there are many: each token's blocks depend on its row only.
+fn quantize_tokens<B: Send>(
+    x: &[f32],
+    n_tokens: usize,
+    out: &mut [B],
+    quantize: fn(&[f32], &mut [B]),
+) {
+    let threads = crate::threads::threads();
+    if threads <= 1
+        || n_tokens < 2
+        || x.len() < MIN_PARALLEL_QUANTIZE
+        || !out.len().is_multiple_of(n_tokens)
+    {
+        return quantize(x, out);
+    }
+    let (cols, blocks) = (x.len() / n_tokens, out.len() / n_tokens);
+    let per_task = n_tokens.div_ceil(2 * threads);
+    let base = BlocksPtr(out.as_mut_ptr());
+    let task = |c: usize| {
+        let tokens = c * per_task..((c + 1) * per_task).min(n_tokens);
+        // SAFETY: the token ranges of different tasks are disjoint and inside `out`, which
+        // stays mutably borrowed (and otherwise untouched) until `parallel_for` returns.
+        let o = unsafe { base.slice(tokens.start * blocks, tokens.len() * blocks) };
+        quantize(&x[tokens.start * cols..tokens.end * cols], o);
+    };
+    crate::threads::parallel_for(n_tokens.div_ceil(per_task), &task);
 }
 
 /// How the rows of one matrix are cut into pool tasks.
@@ -161,8 +240,14 @@ impl RowSplit {
         let n_threads = crate::threads::threads();
         // Enough chunks for the atomic hand-out to balance the threads, each big enough
         // (≥ 16 rows and ≥ 16 KiB of weights) that handing it out is cheap.
+        // Whole multiples of 16 rows, so no two tasks write the same 64-byte line of outputs.
         let min_rows = (16 * 1024 / rb).max(16);
-        let chunk = rows.div_ceil(n_threads * 4).max(min_rows).min(rows).max(1);
+        let chunk = rows
+            .div_ceil(n_threads * 4)
+            .max(min_rows)
+            .next_multiple_of(16)
+            .min(rows)
+            .max(1);
         RowSplit {
             chunk,
             n_chunks: rows.div_ceil(chunk),
@@ -170,7 +255,9 @@ impl RowSplit {
         }
     }
 
-    /// Task `c`: rows `c·chunk ..` of `w` against every token.
+    /// Task `c`: rows `c·chunk ..` of `w` against every token, in token tiles of `tile`
+    /// (at most [`MAX_TOKEN_TILE`]) while that many are left, then of [`TOKEN_TILE`], then
+    /// the rest: every tile of 4 starts at a multiple of 4.
     #[allow(clippy::too_many_arguments)]
     #[inline]
     fn run<A>(
@@ -180,6 +267,7 @@ impl RowSplit {
         acts: &[A],
         acts_per_token: usize,
         n_tokens: usize,
+        tile: usize,
         out_ptr: OutPtr,
         kernel: &(impl Fn(&[u8], &[&[A]], &mut [f32]) + ?Sized),
     ) {
@@ -194,27 +282,38 @@ impl RowSplit {
             kernel(&w.data[r0 * rb..r1 * rb], &[&acts[..acts_per_token]], o);
             return;
         }
-        let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
+        let wide = tile.clamp(TOKEN_TILE, MAX_TOKEN_TILE);
+        let mut tile_out = [0f32; MAX_TOKEN_TILE * TILE_ROWS];
         for g0 in (r0..r1).step_by(self.group) {
             let g1 = (g0 + self.group).min(r1);
-            for t0 in (0..n_tokens).step_by(TOKEN_TILE) {
-                let nt = TOKEN_TILE.min(n_tokens - t0);
-                let tile: [&[A]; TOKEN_TILE] = std::array::from_fn(|k| {
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let left = n_tokens - t0;
+                let nt = if left >= wide {
+                    wide
+                } else {
+                    left.min(TOKEN_TILE)
+                };
+                let tokens: [&[A]; MAX_TOKEN_TILE] = std::array::from_fn(|k| {
                     let t = (t0 + k).min(n_tokens - 1);
                     &acts[t * acts_per_token..(t + 1) * acts_per_token]
                 });
                 for s0 in (g0..g1).step_by(TILE_ROWS) {
                     let s1 = (s0 + TILE_ROWS).min(g1);
                     let o = &mut tile_out[..(s1 - s0) * nt];
-                    kernel(&w.data[s0 * rb..s1 * rb], &tile[..nt], o);
-                    for (r, vals) in (s0..s1).zip(o.chunks_exact(nt)) {
-                        for (k, &v) in vals.iter().enumerate() {
-                            // SAFETY: (t0+k, r) is inside the n_tokens × rows output
-                            // checked by `check_matmul`, and only this chunk writes row r.
-                            unsafe { *out_ptr.at((t0 + k) * rows + r) = v };
+                    kernel(&w.data[s0 * rb..s1 * rb], &tokens[..nt], o);
+                    // Token by token, so the stores run along each token's output row
+                    // (row by row they hop between `nt` rows: a store-bound scatter).
+                    for k in 0..nt {
+                        let dst = out_ptr.at((t0 + k) * rows + s0);
+                        for (i, vals) in o.chunks_exact(nt).enumerate() {
+                            // SAFETY: (t0+k, s0+i) is inside the n_tokens × rows output
+                            // checked by `check_matmul`, and only this chunk writes row s0+i.
+                            unsafe { *dst.add(i) = vals[k] };
                         }
                     }
                 }
+                t0 += nt;
             }
         }
     }
@@ -245,18 +344,25 @@ impl Kernels for NativeKernels {
                 let mut acts = ACTS_Q8.with(|c| c.take());
                 acts.clear();
                 acts.resize(n_tokens * cols / QK8, BlockQ8::default());
-                quantize_q8(x, &mut acts);
+                quantize_tokens(x, n_tokens, &mut acts, quantize_q8);
                 let rb = w.row_bytes();
-                self.for_rows(w, &acts, cols / QK8, n_tokens, out, |rows, tile, o| {
-                    (d.q8)(t, rows, rb, tile, o)
-                });
+                let per_token = cols / QK8;
+                self.for_rows_tiled(
+                    w,
+                    &acts,
+                    per_token,
+                    n_tokens,
+                    d.q8_tile,
+                    out,
+                    |rows, tile, o| (d.q8)(t, rows, rb, tile, o),
+                );
                 ACTS_Q8.with(|c| c.replace(acts));
             }
             (Partner::Q8K, WeightFormat::Ggml(t)) => {
                 let mut acts = ACTS_Q8K.with(|c| c.take());
                 acts.clear();
                 acts.resize(n_tokens * cols / QK_K, BlockQ8K::default());
-                quantize_q8k(x, &mut acts);
+                quantize_tokens(x, n_tokens, &mut acts, quantize_q8k);
                 let rb = w.row_bytes();
                 let q8k = self.q8k_kernel(n_tokens);
                 self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |rows, tile, o| {
@@ -364,13 +470,13 @@ impl Kernels for NativeKernels {
         if needs(|p| matches!(p, Partner::Q8)) {
             q8.clear();
             q8.resize(n_tokens * cols / QK8, BlockQ8::default());
-            quantize_q8(x, &mut q8);
+            quantize_tokens(x, n_tokens, &mut q8, quantize_q8);
         }
         let mut q8k = ACTS_Q8K.with(|c| c.take());
         if needs(|p| matches!(p, Partner::Q8K)) {
             q8k.clear();
             q8k.resize(n_tokens * cols / QK_K, BlockQ8K::default());
-            quantize_q8k(x, &mut q8k);
+            quantize_tokens(x, n_tokens, &mut q8k, quantize_q8k);
         }
         // Task g of the joint job is chunk g − first[i] of matrix i.
         let mut splits = [RowSplit {
@@ -402,6 +508,7 @@ impl Kernels for NativeKernels {
                     q8_acts,
                     cols / QK8,
                     n_tokens,
+                    d.q8_tile,
                     out_ptrs[i],
                     &|rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o),
                 ),
@@ -411,6 +518,7 @@ impl Kernels for NativeKernels {
                     q8k_acts,
                     cols / QK_K,
                     n_tokens,
+                    TOKEN_TILE,
                     out_ptrs[i],
                     &|rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| {
                         q8k_rows(t, rows, rb, tile, o)
@@ -422,6 +530,7 @@ impl Kernels for NativeKernels {
                     x,
                     cols,
                     n_tokens,
+                    TOKEN_TILE,
                     out_ptrs[i],
                     &|rows: &[u8], tile: &[&[f32]], o: &mut [f32]| (d.f32)(t, rows, rb, tile, o),
                 ),

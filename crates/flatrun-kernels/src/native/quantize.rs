@@ -125,19 +125,14 @@ fn quantize_q8_body(x: &[f32], out: &mut [BlockQ8]) {
 #[inline(always)]
 fn quantize_q8k_body(x: &[f32], out: &mut [BlockQ8K]) {
     for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
-        // The value of largest magnitude (first one on ties) sets the scale.
-        let mut amax = 0f32;
-        let mut max = 0f32;
-        for &v in xb {
-            if v.abs() > amax {
-                amax = v.abs();
-                max = v;
-            }
-        }
+        // The value of largest magnitude (first one on ties) sets the scale: the largest
+        // magnitude first (a max reduction LLVM vectorizes), then the first value that has it.
+        let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
         if amax == 0.0 {
             *b = BlockQ8K::default();
             continue;
         }
+        let max = xb.iter().copied().find(|v| v.abs() == amax).unwrap_or(amax);
         let iscale = -127.0 / max;
         // Round half to even (ggml's nearest_int), clamp to 127.
         for (q, &v) in b.qs.iter_mut().zip(xb) {

@@ -29,6 +29,30 @@ unsafe fn mul_sum_vnni(ax: __m256i, sy: __m256i) -> __m256i {
     _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
 }
 
+/// How far ahead of its reading position a one-token kernel prefetches its weight rows.
+/// Matrices larger than the last-level cache stream from DRAM; the hardware prefetcher alone
+/// keeps too few lines in flight behind a kernel that spends several cycles per block.
+/// Measured with a C copy of the Q8_0 two-row kernel on the 151936×896 head (one thread,
+/// huge pages, load 3): no software prefetch 5.3 GB/s, one prefetch per row per block (two
+/// interleaved streams) 8.2–8.6 GB/s, one linear stream 4 KiB ahead 12.8–13.1 GB/s, against
+/// 13–14.7 GB/s of plain reads (`docs/performance.md`, session 4).
+const PREFETCH_AHEAD: usize = 4096;
+
+/// Prefetch (into L1) the weight bytes `PREFETCH_AHEAD` past `pos`, for a kernel that reads
+/// `step` bytes per iteration in one linear sweep: one line per iteration, two when an
+/// iteration eats more than a line. A hint only: it never faults, and changes no value.
+#[inline(always)]
+fn prefetch_linear(pos: *const u8, step: usize) {
+    let ahead = pos.wrapping_add(PREFETCH_AHEAD);
+    // SAFETY: `prefetcht0` reads no architectural state and cannot fault, whatever the address.
+    unsafe {
+        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+        if step > 64 {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64) as *const i8);
+        }
+    }
+}
+
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
     ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
@@ -54,15 +78,38 @@ macro_rules! tile {
     }};
 }
 
-/// One token over a group of legacy-format rows: two rows per `legacy_gemv2` call (an
-/// odd last row through `legacy_n::<.., 1>`); otherwise the token tiles of [`tile!`].
+/// [`tile!`] that also takes tiles of exactly 8 tokens (for the legacy formats, whose float
+/// order does not depend on the tile: one block unpack shared by 8 tokens).
+macro_rules! tile_wide {
+    ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
+        let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
+        if acts.len() == 8 {
+            // SAFETY: the caller (dispatch) checked the host supports this module's
+            // features, and `checked` verified every slice the kernel indexes.
+            unsafe {
+                for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(8)) {
+                    $kernel::<$($c,)* 8>(row, acts, o)
+                }
+            }
+        } else {
+            tile!($kernel $(, $c)*; rows, rb, acts, out)
+        }
+    }};
+}
+
+/// One token over a group of legacy-format rows: two rows at a time, through
+/// `legacy_gemv_halves` (4/5-bit formats) or `legacy_gemv2` (Q8_0), an odd last row through
+/// `legacy_n::<.., 1>`; otherwise the token tiles of [`tile!`].
 macro_rules! legacy_rows {
     ($t:expr, $ts:expr; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
         let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
-        if acts.len() == 1 {
-            let n = rows.len() / rb;
+        if acts.len() == 1 && $t != GgmlType::Q8_0 as u32 {
             // SAFETY: the caller (dispatch) checked the host supports this module's
             // features, and `checked` verified every slice the kernel indexes.
+            unsafe { legacy_gemv_halves::<$t, $ts>(rows, rb, acts[0], out) }
+        } else if acts.len() == 1 {
+            let n = rows.len() / rb;
+            // SAFETY: as above.
             unsafe {
                 for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
                     legacy_gemv2::<$t, $ts>(&pair[..rb], &pair[rb..], acts[0], o);
@@ -72,7 +119,30 @@ macro_rules! legacy_rows {
                 }
             }
         } else {
-            tile!(legacy_n, $t, $ts; rows, rb, acts, out)
+            tile_wide!(legacy_n, $t, $ts; rows, rb, acts, out)
+        }
+    }};
+}
+
+/// One token over a group of plain-float rows: two rows per `float_gemv2` call (an odd last
+/// row through `float_n::<.., 1>`); otherwise the token tiles of [`tile!`].
+macro_rules! float_rows {
+    ($t:expr, $es:expr; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
+        let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
+        if acts.len() == 1 {
+            let n = rows.len() / rb;
+            // SAFETY: the caller (dispatch) checked the host supports this module's
+            // features, and `checked` verified every slice the kernel indexes.
+            unsafe {
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    float_gemv2::<$t, $es>(&pair[..rb], &pair[rb..], acts[0], o);
+                }
+                if n % 2 == 1 {
+                    float_n::<$t, $es, 1>(&rows[(n - 1) * rb..], acts, &mut out[n - 1..n]);
+                }
+            }
+        } else {
+            tile!(float_n, $t, $es; rows, rb, acts, out)
         }
     }};
 }
@@ -220,12 +290,10 @@ macro_rules! x86_kernels {
                 let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let (mut min0, mut min1) = (0f32, 0f32);
                 for i in 0..nb {
-                    // Ask for the next pair of rows' block while this one computes: rows larger
-                    // than the caches (the output head) stream from memory at about twice the
-                    // rate (a hint only: it never faults, and changes no value).
-                    let ahead = r0.as_ptr().wrapping_add(i * TS + 2 * r0.len());
-                    _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(r0.len()) as *const i8);
+                    // The two rows are adjacent in memory: ask for the bytes `PREFETCH_AHEAD`
+                    // past this pair's progress through them, one linear stream (a hint only:
+                    // it never faults, and changes no value).
+                    super::prefetch_linear(r0.as_ptr().wrapping_add(2 * i * TS), 2 * TS);
                     let ab = a.get_unchecked(i);
                     let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
                     let (q0, d0, m0) = legacy_block::<T>(r0.as_ptr().add(i * TS), table);
@@ -247,6 +315,176 @@ macro_rules! x86_kernels {
                 }
                 out[0] = hsum(acc0) + min0;
                 out[1] = hsum(acc1) + min1;
+            }
+
+            /// Most activation blocks (columns / 32) whose offset sums [`legacy_gemv_halves`]
+            /// keeps on the stack (32 KiB); wider rows take [`legacy_gemv2`].
+            const MAX_OFFSET_BLOCKS: usize = 1024;
+
+            /// The same block of two rows (`b0`, `b1`) of a 4/5-bit legacy format as two vectors
+            /// in "halves" layout: `lo` = [row 0 values 0..16 | row 1 values 0..16], `hi` = [row 0
+            /// values 16..32 | row 1 values 16..32] (the low and the high nibbles of each row's
+            /// 16 bytes), as `u8` for Q4_0/Q4_1/Q5_0/Q5_1 (Q4_0 and Q5_0 without their −8/−16
+            /// offset) and as the signed levels for IQ4_NL; and `[d0, m0, d1, m1]` (`m` only for
+            /// the formats with a min).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn halves_block<const T: u32>(b0: *const u8, b1: *const u8, table: __m256i) -> (__m256i, __m256i, __m128) {
+                const Q4_1: u32 = GgmlType::Q4_1 as u32;
+                const Q5_0: u32 = GgmlType::Q5_0 as u32;
+                const Q5_1: u32 = GgmlType::Q5_1 as u32;
+                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                let qs = match T {
+                    Q4_1 => 4,
+                    Q5_0 => 6,
+                    Q5_1 => 8,
+                    _ => 2,
+                };
+                let v = _mm256_set_m128i(
+                    _mm_loadu_si128(b1.add(qs) as *const __m128i),
+                    _mm_loadu_si128(b0.add(qs) as *const __m128i),
+                );
+                let m4 = _mm256_set1_epi8(0x0F);
+                let (mut lo, mut hi) = (_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                if T == Q5_0 || T == Q5_1 {
+                    // The fifth bits: bit j of a block's 32-bit `qh` belongs to value j. With row 0's
+                    // `qh` in the low lane and row 1's in the high one, `vpshufb` spreads qh bytes 0–1
+                    // (values 0..16) or 2–3 (values 16..32) of each row over its lane, 8 bytes each,
+                    // and each byte keeps its own bit (as `bits_to_bytes`).
+                    let h = if T == Q5_0 { 2 } else { 4 };
+                    let read = |p: *const u8| u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) as i32;
+                    let qh = _mm256_set_m128i(_mm_set1_epi32(read(b1.add(h))), _mm_set1_epi32(read(b0.add(h))));
+                    let bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+                    let fifth = _mm256_set1_epi8(0x10);
+                    let spread = |pick: __m256i| {
+                        let set = _mm256_cmpeq_epi8(_mm256_or_si256(_mm256_shuffle_epi8(qh, pick), bit), _mm256_set1_epi64x(-1));
+                        _mm256_and_si256(set, fifth)
+                    };
+                    let (first, second) = (0x0101_0101_0101_0101i64, 0x0202_0202_0202_0202i64);
+                    lo = _mm256_or_si256(lo, spread(_mm256_set_epi64x(first, 0, first, 0)));
+                    hi = _mm256_or_si256(hi, spread(_mm256_set_epi64x(second + first, second, second + first, second)));
+                }
+                if T == IQ4_NL {
+                    lo = _mm256_shuffle_epi8(table, lo);
+                    hi = _mm256_shuffle_epi8(table, hi);
+                }
+                // Both rows' f16 scale (and min) in one zero-extending 64-bit move, converted at once.
+                let with_min = T == Q4_1 || T == Q5_1;
+                let word = |p: *const u8| {
+                    if with_min {
+                        u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) as u64
+                    } else {
+                        u16::from_le_bytes([*p, *p.add(1)]) as u64
+                    }
+                };
+                let bits = word(b0) | (word(b1) << 32);
+                let dm: __m128i;
+                // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
+                // the rest); it touches no memory (see `f16_pair` for why it is asm).
+                unsafe {
+                    std::arch::asm!(
+                        "vmovq {v}, {b}",
+                        v = lateout(xmm_reg) dm,
+                        b = in(reg) bits,
+                        options(pure, nomem, nostack, preserves_flags)
+                    );
+                }
+                (lo, hi, _mm_cvtph_ps(dm))
+            }
+
+            /// One token × every row of a group of a 4/5-bit legacy format (Q4_0, Q4_1, Q5_0,
+            /// Q5_1, IQ4_NL), two adjacent rows at a time in the "halves" layout of
+            /// [`halves_block`]: one nibble unpack, one scale conversion and one pair of FMAs serve
+            /// both rows. Each output is still ggml's sum (see [`legacy_gemv2`]): lane `k` of
+            /// accumulator `lo` holds row 0's lane `k` (k < 4) or row 1's lane `k − 4`, `hi` the
+            /// lanes 4..8, each `fma(d_w·d_a, Σ q_w·q_a, ·)` over the same four values in the same
+            /// block order, and `hsum` starts by adding lane `k` to lane `k + 4` — so adding the
+            /// two halves of a row is that first step. Q4_0 and Q5_0 dot their values unsigned
+            /// and take `8·Σa` / `16·Σa` (per four values, computed once per call) off the exact
+            /// integer sum instead of the sign trick. An odd last row goes through `legacy_n`.
+            #[target_feature(enable = $features)]
+            unsafe fn legacy_gemv_halves<const T: u32, const TS: usize>(rows: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
+                const Q4_0: u32 = GgmlType::Q4_0 as u32;
+                const Q4_1: u32 = GgmlType::Q4_1 as u32;
+                const Q5_0: u32 = GgmlType::Q5_0 as u32;
+                const Q5_1: u32 = GgmlType::Q5_1 as u32;
+                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                let with_min = T == Q4_1 || T == Q5_1;
+                let offset: i8 = match T {
+                    Q4_0 => 8,
+                    Q5_0 => 16,
+                    _ => 0,
+                };
+                // The offset times the sum of each four activations, lanes 0..4 for values 0..16
+                // and 4..8 for 16..32 (exact: at most 16 · 4 · 128).
+                let mut offsets = [const { std::mem::MaybeUninit::<__m256i>::uninit() }; MAX_OFFSET_BLOCKS];
+                if offset != 0 {
+                    if nb > MAX_OFFSET_BLOCKS {
+                        for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                            legacy_gemv2::<T, TS>(&pair[..rb], &pair[rb..], a, o);
+                        }
+                        if n % 2 == 1 {
+                            legacy_n::<T, TS, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                        }
+                        return;
+                    }
+                    let off = _mm256_set1_epi8(offset);
+                    for (slot, ab) in offsets.iter_mut().zip(&a[..nb]) {
+                        let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                        slot.write($mul_sum(off, ay));
+                    }
+                }
+                let table = iq4nl_table();
+                let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc_lo, mut acc_hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut mins = _mm_setzero_ps();
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_linear(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let ay_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(ab.qs.as_ptr() as *const __m128i));
+                        let ay_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(ab.qs.as_ptr().add(16) as *const __m128i));
+                        let (lo, hi, dm) = halves_block::<T>(r0.add(i * TS), r1.add(i * TS), table);
+                        let (mut p_lo, mut p_hi) = if T == IQ4_NL {
+                            (
+                                $mul_sum(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ay_lo, lo)),
+                                $mul_sum(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ay_hi, hi)),
+                            )
+                        } else {
+                            ($mul_sum(lo, ay_lo), $mul_sum(hi, ay_hi))
+                        };
+                        if offset != 0 {
+                            let off = offsets.get_unchecked(i).as_ptr() as *const __m128i;
+                            p_lo = _mm256_sub_epi32(p_lo, _mm256_broadcastsi128_si256(_mm_loadu_si128(off)));
+                            p_hi = _mm256_sub_epi32(p_hi, _mm256_broadcastsi128_si256(_mm_loadu_si128(off.add(1))));
+                        }
+                        // [d0·d_a ×4 | d1·d_a ×4]: the same f32 products as ggml's `d_w * d_a`.
+                        let scaled = _mm_mul_ps(dm, _mm_set1_ps(ab.d));
+                        let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
+                        acc_lo = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_lo), acc_lo);
+                        acc_hi = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_hi), acc_hi);
+                        if with_min {
+                            // Lanes 1 and 3: `m·s` fused into each row's min sum, as ggml's `summs`.
+                            mins = _mm_fmadd_ps(dm, _mm_set1_ps(ab.s), mins);
+                        }
+                    }
+                    let row0 = _mm_add_ps(_mm256_castps256_ps128(acc_lo), _mm256_castps256_ps128(acc_hi));
+                    let row1 = _mm_add_ps(_mm256_extractf128_ps(acc_lo, 1), _mm256_extractf128_ps(acc_hi, 1));
+                    let (min0, min1) = if with_min {
+                        (_mm_cvtss_f32(_mm_movehdup_ps(mins)), _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 3)))
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    o[0] = hsum128(row0) + min0;
+                    o[1] = hsum128(row1) + min1;
+                }
+                if n % 2 == 1 {
+                    legacy_n::<T, TS, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                }
             }
 
             /// Legacy format `T` (32-value blocks of `TS` bytes) × a tile of `N` Q8 token rows.
@@ -307,6 +545,45 @@ macro_rules! x86_kernels {
                 }
                 for t in 0..N {
                     out[t] = hsum(acc[t]);
+                }
+            }
+
+            /// One token × every row of a group of Q1_0, four adjacent rows at a time: each row
+            /// keeps [`q1_0_n`]'s single FMA chain (four FMAs per 128-value block, 16 cycles of
+            /// latency), so four rows in flight keep the FMA units busy and the outputs are
+            /// bit for bit those of `q1_0_n::<1>`, which takes the last `rows % 4`.
+            #[target_feature(enable = $features)]
+            unsafe fn q1_0_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
+                const R: usize = 4;
+                let n = rows.len() / rb;
+                let nb = rb / 18;
+                let ones = _mm256_set1_epi8(1);
+                for (quad, o) in rows.chunks_exact(R * rb).zip(out.chunks_exact_mut(R)) {
+                    let base = quad.as_ptr();
+                    let mut acc = [_mm256_setzero_ps(); R];
+                    for i in 0..nb {
+                        // One linear prefetch stream over the four rows (see `legacy_gemv2`).
+                        super::prefetch_linear(base.wrapping_add(R * i * 18), R * 18);
+                        let block = |r: usize| base.add(r * rb + i * 18);
+                        let d: [f32; R] = std::array::from_fn(|r| f16_at(block(r)));
+                        for sub in 0..4 {
+                            let ab = a.get_unchecked(4 * i + sub);
+                            let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                            for r in 0..R {
+                                // ±1 per bit, as in `q1_0_n`.
+                                let mask = bits_to_bytes(block(r).add(2 + 4 * sub));
+                                let w = _mm256_sub_epi8(_mm256_and_si256(mask, _mm256_set1_epi8(2)), ones);
+                                let p = _mm256_cvtepi32_ps($mul_sum(ones, _mm256_sign_epi8(ay, w)));
+                                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * ab.d), p, acc[r]);
+                            }
+                        }
+                    }
+                    for r in 0..R {
+                        o[r] = hsum(acc[r]);
+                    }
+                }
+                for r in n / R * R..n {
+                    q1_0_n::<1>(&rows[r * rb..(r + 1) * rb], &[a], &mut out[r..r + 1]);
                 }
             }
 
@@ -452,6 +729,89 @@ macro_rules! x86_kernels {
                 for t in 0..N {
                     out[t] = acc[t] - acc_m[t];
                 }
+            }
+
+            /// Two Q4_K rows × a full tile of 4 Q8_K token rows: bit for bit the outputs of
+            /// `q4_k_n::<4>` (the order of ggml's repacked GEMM: per output, one FMA per 64 values
+            /// into a scale and a min accumulator), with the eight (row, token) outputs in the
+            /// lanes of one vector (lane 4·row + token, which is also their place in `out`). Each
+            /// 64-value chunk's eight integer sums are reduced by one transposing `vphaddd` tree
+            /// and its FMAs run for all eight outputs at once, where `q4_k_n` takes horizontal
+            /// sums and scalar FMAs per output; the activation loads serve both rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q4_k_2x4(r0: &[u8], r1: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+                let nb = r0.len() / 144;
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut acc = _mm256_setzero_ps();
+                let mut acc_m = _mm256_setzero_ps();
+                for i in 0..nb {
+                    let b = [r0.as_ptr().add(i * 144), r1.as_ptr().add(i * 144)];
+                    let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+                    let (d0, dmin0) = f16_pair(b[0]);
+                    let (d1, dmin1) = f16_pair(b[1]);
+                    let (sc0, mn0) = k4_scales_mins(b[0].add(4));
+                    let (sc1, mn1) = k4_scales_mins(b[1].add(4));
+                    // Per lane: d_w·d_a and dmin_w·d_a, the same f32 products as `q4_k_n`.
+                    let da = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
+                    let da = _mm256_set_m128(da, da);
+                    let dd = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(d1), _mm_set1_ps(d0)), da);
+                    let dm = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(dmin1), _mm_set1_ps(dmin0)), da);
+                    // Scale sums: for each 64-value chunk, the eight outputs' integer sums, then one FMA.
+                    for c in 0..4 {
+                        let mut g = [_mm256_setzero_si256(); 2];
+                        for (r, sc) in [sc0, sc1].into_iter().enumerate() {
+                            // 64 values: low nibbles (scale 2c), then high nibbles (scale 2c+1).
+                            let q = _mm256_loadu_si256(b[r].add(16 + 32 * c) as *const __m256i);
+                            let lo = _mm256_and_si256(q, m4);
+                            let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                            let (s_lo, s_hi) = (k4_scale(sc, 2 * c), k4_scale(sc, 2 * c + 1));
+                            g[r] = half_sums4(std::array::from_fn(|t| {
+                                let p = a[t].qs.as_ptr().add(64 * c);
+                                _mm256_add_epi32(scaled_dot(lo, p, s_lo), scaled_dot(hi, p.add(32), s_hi))
+                            }));
+                        }
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_halves(g[0], g[1])), dd, acc);
+                    }
+                    // Min sums: each token's pairwise group sums against each row's mins gives
+                    // [row 0: chunks 0..4 | row 1: chunks 0..4] per token; transposed to one
+                    // vector per chunk (lane 4·row + token), then one FMA each.
+                    let mins = _mm256_set_m128i(mn1, mn0);
+                    let m: [__m256i; 4] = std::array::from_fn(|t| {
+                        let bs = _mm256_loadu_si256(a[t].bsums.as_ptr() as *const __m256i);
+                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                        _mm256_madd_epi16(mins, _mm256_set_m128i(pairs, pairs))
+                    });
+                    let m01l = _mm256_unpacklo_epi32(m[0], m[1]);
+                    let m01h = _mm256_unpackhi_epi32(m[0], m[1]);
+                    let m23l = _mm256_unpacklo_epi32(m[2], m[3]);
+                    let m23h = _mm256_unpackhi_epi32(m[2], m[3]);
+                    for mc in [
+                        _mm256_unpacklo_epi64(m01l, m23l),
+                        _mm256_unpackhi_epi64(m01l, m23l),
+                        _mm256_unpacklo_epi64(m01h, m23h),
+                        _mm256_unpackhi_epi64(m01h, m23h),
+                    ] {
+                        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm, acc_m);
+                    }
+                }
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
+            }
+
+            /// Four 8-lane i32 vectors → per 128-bit half, `[Σv0 Σv1 Σv2 Σv3]` over that half's
+            /// four lanes (exact; [`join_halves`] finishes the sums).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn half_sums4(v: [__m256i; 4]) -> __m256i {
+                _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]))
+            }
+
+            /// Two [`half_sums4`] results → lanes `[Σv0 … Σv3 | Σv4 … Σv7]`: the full lane sums of
+            /// the eight vectors, in one vector (exact).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn join_halves(g0: __m256i, g1: __m256i) -> __m256i {
+                // [g0.lo | g1.lo] + [g0.hi | g1.hi].
+                _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20), _mm256_permute2x128_si256(g0, g1, 0x31))
             }
 
             /// Q5_K × a tile of `N` Q8_K token rows (`WIDE`: in the order of ggml's tiled matmul).
@@ -778,6 +1138,34 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// One token × two adjacent plain-float rows (`ES` bytes per value): each row keeps
+            /// [`float_n`]'s order (one 8-lane FMA chain, `hsum`, then the ragged tail one value at
+            /// a time), so the outputs are bit for bit those of `float_n::<T, ES, 1>`; the two
+            /// independent chains hide each other's FMA latency (one chain of F16 needs 4 cycles
+            /// per 16 bytes, less than DRAM delivers).
+            #[target_feature(enable = $features)]
+            unsafe fn float_gemv2<const T: u32, const ES: usize>(r0: &[u8], r1: &[u8], a: &[f32], out: &mut [f32]) {
+                let n = r0.len() / ES;
+                let n8 = n / 8 * 8;
+                let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                let mut j = 0;
+                while j < n8 {
+                    // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                    super::prefetch_linear(r0.as_ptr().wrapping_add(2 * j * ES), 16 * ES);
+                    let x = _mm256_loadu_ps(a.as_ptr().add(j));
+                    acc0 = _mm256_fmadd_ps(load8::<T>(r0.as_ptr().add(j * ES)), x, acc0);
+                    acc1 = _mm256_fmadd_ps(load8::<T>(r1.as_ptr().add(j * ES)), x, acc1);
+                    j += 8;
+                }
+                let (mut s0, mut s1) = (hsum(acc0), hsum(acc1));
+                for j in n8..n {
+                    s0 += scalar_value::<T>(r0.as_ptr().add(j * ES)) * *a.get_unchecked(j);
+                    s1 += scalar_value::<T>(r1.as_ptr().add(j * ES)) * *a.get_unchecked(j);
+                }
+                out[0] = s0;
+                out[1] = s1;
+            }
+
             /// One weight of a plain-float row as f32.
             #[inline]
             #[target_feature(enable = $features)]
@@ -791,8 +1179,8 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Whether a call is well formed: whole rows of whole blocks, 1..=4 tokens, room
-            /// for every output, every activation row long enough.
+            /// Whether a call is well formed: whole rows of whole blocks, 1..=4 tokens (or
+            /// exactly `wide_tile`), room for every output, every activation row long enough.
             #[inline]
             fn checked<A>(
                 rows: &[u8],
@@ -801,12 +1189,13 @@ macro_rules! x86_kernels {
                 acts_per_block: usize,
                 acts: &[&[A]],
                 out: &[f32],
+                wide_tile: usize,
             ) -> bool {
                 let need = rb / ts.max(1) * acts_per_block;
                 rb > 0
                     && rb % ts == 0
                     && rows.len() % rb == 0
-                    && (1..=4).contains(&acts.len())
+                    && ((1..=4).contains(&acts.len()) || acts.len() == wide_tile)
                     && out.len() >= rows.len() / rb * acts.len()
                     && acts.iter().all(|a| a.len() >= need)
             }
@@ -814,7 +1203,7 @@ macro_rules! x86_kernels {
             /// Rows × Q8 tile for a legacy format, Q1_0 or IQ4_NL.
             pub(crate) fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) {
                 let subs = t.block_size() / 32;
-                if !checked(rows, rb, t.type_size(), subs, acts, out) {
+                if !checked(rows, rb, t.type_size(), subs, acts, out, 8) {
                     return super::super::dispatch::each_row(super::super::scalar::dot_q8, t, rows, rb, acts, out);
                 }
                 const Q4_0: u32 = GgmlType::Q4_0 as u32;
@@ -830,7 +1219,9 @@ macro_rules! x86_kernels {
                     GgmlType::Q5_1 => legacy_rows!(Q5_1, 24; rows, rb, acts, out),
                     GgmlType::Q8_0 => legacy_rows!(Q8_0, 34; rows, rb, acts, out),
                     GgmlType::IQ4_NL => legacy_rows!(IQ4_NL, 18; rows, rb, acts, out),
-                    GgmlType::Q1_0 => tile!(q1_0_n; rows, rb, acts, out),
+                    // SAFETY: as in `tile!`: features checked by dispatch, slices by `checked`.
+                    GgmlType::Q1_0 if acts.len() == 1 => unsafe { q1_0_gemv_rows(rows, rb, acts[0], out) },
+                    GgmlType::Q1_0 => tile_wide!(q1_0_n; rows, rb, acts, out),
                     _ => super::super::dispatch::each_row(super::super::scalar::dot_q8, t, rows, rb, acts, out),
                 }
             }
@@ -848,12 +1239,26 @@ macro_rules! x86_kernels {
             }
 
             fn rows_q8k_order<const WIDE: bool>(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
-                if !checked(rows, rb, t.type_size(), 1, acts, out) {
+                if !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
                     return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);
                 }
                 match t {
                     GgmlType::Q2_K => tile!(q2_k_n, WIDE; rows, rb, acts, out),
                     GgmlType::Q3_K => tile!(q3_k_n, WIDE; rows, rb, acts, out),
+                    GgmlType::Q4_K if acts.len() == 4 => {
+                        // Pairs of rows through the 2×4 tile, an odd last row alone.
+                        let n = rows.len() / rb;
+                        // SAFETY: the caller (dispatch) checked the host supports this module's
+                        // features, and `checked` verified every slice the kernels index.
+                        unsafe {
+                            for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(8)) {
+                                q4_k_2x4(&pair[..rb], &pair[rb..], acts, o);
+                            }
+                            if n % 2 == 1 {
+                                q4_k_n::<4>(&rows[(n - 1) * rb..], acts, &mut out[4 * (n - 1)..4 * n]);
+                            }
+                        }
+                    }
                     GgmlType::Q4_K => tile!(q4_k_n; rows, rb, acts, out),
                     GgmlType::Q5_K => tile!(q5_k_n, WIDE; rows, rb, acts, out),
                     GgmlType::Q6_K => tile!(q6_k_n, WIDE; rows, rb, acts, out),
@@ -864,16 +1269,16 @@ macro_rules! x86_kernels {
 
             /// Rows × f32 tile for F32/F16/BF16.
             pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
-                if !checked(rows, rb, t.type_size(), 1, acts, out) {
+                if !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
                     return super::super::dispatch::each_row(super::super::scalar::dot_f32, t, rows, rb, acts, out);
                 }
                 const F32: u32 = GgmlType::F32 as u32;
                 const F16: u32 = GgmlType::F16 as u32;
                 const BF16: u32 = GgmlType::BF16 as u32;
                 match t {
-                    GgmlType::F32 => tile!(float_n, F32, 4; rows, rb, acts, out),
-                    GgmlType::F16 => tile!(float_n, F16, 2; rows, rb, acts, out),
-                    GgmlType::BF16 => tile!(float_n, BF16, 2; rows, rb, acts, out),
+                    GgmlType::F32 => float_rows!(F32, 4; rows, rb, acts, out),
+                    GgmlType::F16 => float_rows!(F16, 2; rows, rb, acts, out),
+                    GgmlType::BF16 => float_rows!(BF16, 2; rows, rb, acts, out),
                     _ => super::super::dispatch::each_row(super::super::scalar::dot_f32, t, rows, rb, acts, out),
                 }
             }

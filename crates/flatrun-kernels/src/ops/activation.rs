@@ -29,8 +29,29 @@ pub fn gelu_tanh(x: &mut [f32]) {
     }
 }
 
+/// Values per pool task of the gated activations (a multiple of the 8-lane vectors).
+const GATED_CHUNK: usize = 1024;
+
+/// `op(gate, up)` over the common length of `gate` and `up`, in pieces of [`GATED_CHUNK`]
+/// split over the pool when there are many: every element's value is the same whichever
+/// piece (and whichever vector or scalar path) computes it.
+fn gated(gate: &mut [f32], up: &[f32], op: fn(&mut [f32], &[f32])) {
+    let n = gate.len().min(up.len());
+    let (body, tail) = gate[..n].split_at_mut(n / GATED_CHUNK * GATED_CHUNK);
+    let done = body.len();
+    super::rows::par_rows_mut(body, GATED_CHUNK, |rows, g| {
+        op(g, &up[rows.start * GATED_CHUNK..rows.end * GATED_CHUNK])
+    });
+    op(tail, &up[done..n]);
+}
+
 /// SwiGLU: `gate = silu(gate) * up`.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
+    gated(gate, up, swiglu_serial)
+}
+
+/// [`swiglu`] on the calling thread.
+fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     if super::softmax::avx2_available() {
         // SAFETY: the host has AVX2, FMA and F16C.
@@ -71,8 +92,15 @@ unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
 /// looks `x` up in an f16 table (`GGML_GELU_FP16`), i.e. the GELU of `x`
 /// rounded to f16, itself rounded to f16; 0 below −10 and `x` above 10.
 pub fn geglu(gate: &mut [f32], up: &[f32]) {
+    gated(gate, up, geglu_serial)
+}
+
+/// [`geglu`] on the calling thread.
+fn geglu_serial(gate: &mut [f32], up: &[f32]) {
     use half::f16;
     let table = gelu_f16_table();
+    // Only x86_64 has a SIMD version that advances `done`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if super::softmax::avx2_available() {

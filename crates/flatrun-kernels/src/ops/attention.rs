@@ -33,6 +33,24 @@ impl KvSlice<'_> {
         }
     }
 
+    /// [`Self::round`] of every value of `x`, appended to `out` (f16: converted a slice
+    /// piece at a time, which `half` vectorizes; the same round-to-nearest-even values).
+    fn round_into(&self, x: &[f32], out: &mut Vec<f32>) {
+        match self {
+            KvSlice::F32(_) => out.extend_from_slice(x),
+            KvSlice::F16(_) => {
+                let mut halves = [f16::ZERO; 64];
+                let mut floats = [0f32; 64];
+                for piece in x.chunks(64) {
+                    let n = piece.len();
+                    halves[..n].convert_from_f32_slice(piece);
+                    halves[..n].convert_to_f32_slice(&mut floats[..n]);
+                    out.extend_from_slice(&floats[..n]);
+                }
+            }
+        }
+    }
+
     /// `self[off..off+n]` as f32: borrowed for an f32 cache, converted into `buf` for f16.
     #[inline]
     fn row<'b>(&'b self, off: usize, n: usize, buf: &'b mut [f32]) -> &'b [f32] {
@@ -400,7 +418,7 @@ pub fn attention(
     // q rounded to the keys' type: ggml multiplies an f16 cache by f16 queries.
     let mut q_rounded = QUERIES.with(|c| c.take());
     q_rounded.clear();
-    q_rounded.extend(q[..n_tasks * hd].iter().map(|&x| k.round(x)));
+    k.round_into(&q[..n_tasks * hd], &mut q_rounded);
     let q = &q_rounded[..];
     let order = if n_q > 1 {
         SumOrder::Batch
@@ -488,6 +506,8 @@ pub fn attention(
 
 /// `s = ggml_expf(s − max)` for every score (eight at a time on AVX2 hosts, same values).
 fn exp_shifted(scores: &mut [f32], max: f32) {
+    // Only x86_64 has a SIMD version that advances `done`.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut))]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if super::softmax::avx2_available() {

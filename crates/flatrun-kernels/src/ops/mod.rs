@@ -5,6 +5,7 @@ mod attention;
 mod elementwise;
 mod norm;
 mod rope;
+mod rows;
 mod softmax;
 
 pub use activation::{geglu, gelu_tanh, silu, swiglu};

@@ -14,11 +14,19 @@ pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, weight_offset: f32, out: &m
     }
 }
 
-/// RMSNorm in place over consecutive rows of `dim` values each.
+/// RMSNorm in place over consecutive rows of `dim` values each (rows split over the
+/// pool when there are many).
 pub fn rms_norm_rows(x: &mut [f32], dim: usize, weight: &[f32], eps: f32, weight_offset: f32) {
     if dim == 0 {
         return;
     }
+    super::rows::par_rows_mut(x, dim, |_, rows| {
+        rms_norm_rows_serial(rows, dim, weight, eps, weight_offset)
+    });
+}
+
+/// [`rms_norm_rows`] on the calling thread.
+fn rms_norm_rows_serial(x: &mut [f32], dim: usize, weight: &[f32], eps: f32, weight_offset: f32) {
     for row in x.chunks_exact_mut(dim) {
         let sum_sq: f64 = row.iter().map(|&v| (v * v) as f64).sum();
         let inv_rms = 1.0 / ((sum_sq / dim as f64) as f32 + eps).sqrt();

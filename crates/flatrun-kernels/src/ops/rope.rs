@@ -142,6 +142,24 @@ impl ThetaParams {
 
 /// Rotate `x` (n_tokens × n_heads × head_dim) in place; token `t` sits at `positions[t]`.
 pub fn rope(x: &mut [f32], n_heads: usize, head_dim: usize, positions: &[usize], cfg: &RopeConfig) {
+    // Tokens are independent: split them over the pool when there are many.
+    let token_len = n_heads * head_dim;
+    let n = positions
+        .len()
+        .min(x.len().checked_div(token_len).unwrap_or(0));
+    super::rows::par_rows_mut(&mut x[..n * token_len], token_len, |tokens, rows| {
+        rope_serial(rows, n_heads, head_dim, &positions[tokens], cfg)
+    });
+}
+
+/// [`rope`] on the calling thread.
+fn rope_serial(
+    x: &mut [f32],
+    n_heads: usize,
+    head_dim: usize,
+    positions: &[usize],
+    cfg: &RopeConfig,
+) {
     let n_rot = cfg.n_rot.min(head_dim) & !1;
     if n_rot == 0 || head_dim == 0 {
         return;

@@ -2,7 +2,7 @@
 //! (for comparing with other runtimes).
 //!
 //! ```sh
-//! cargo run --release -p flatrun-runtime --example dump_logits -- MODEL.gguf 1,2,3 out.npy [reference|native] [f16|f32]
+//! cargo run --release -p flatrun-examples --example dump_logits -- MODEL.gguf 1,2,3 out.npy [reference|native] [f16|f32]
 //! ```
 
 use flatrun_runtime::{LoadOptions, Model, StepOptions};

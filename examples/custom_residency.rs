@@ -1,19 +1,35 @@
 //! Residency policies side by side: stream (one layer resident), a byte cap,
-//! and fully resident — with decode speed, the plan's streamed bytes per
-//! token, the I/O-wait share and the peak RSS of each.
+//! a policy of your own (here: keep the first and last quarter of the layers,
+//! stream the middle), and fully resident — with decode speed, the plan's
+//! streamed bytes per token, the I/O-wait share and the peak RSS of each.
 //!
 //! ```sh
-//! cargo run --release -p flatrun-runtime --example custom_residency -- MODEL.gguf 100M
+//! cargo run --release -p flatrun-examples --example custom_residency -- MODEL.gguf 100M
 //! ```
 
-use flatrun_runtime::{residency::ResidencyPlan, GenerateOptions, LoadOptions, Model, Residency};
+use flatrun_runtime::{
+    residency::ResidencyPlan, GenerateOptions, LoadOptions, Manifest, Model, Residency,
+};
+
+/// A custom policy: keep the first and last quarter of the layers resident.
+/// It sees every layer's index and size (`m.layers[i].bytes`), so it could as
+/// well keep the largest layers, or those a profile says are slowest to read.
+fn outer_quarters(m: &Manifest) -> Vec<bool> {
+    let n = m.layers.len();
+    (0..n).map(|i| i < n / 4 || i >= n - n / 4).collect()
+}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: custom_residency MODEL [CAP]")?;
     let cap = flatrun_runtime::options::parse_size(&args.next().unwrap_or_else(|| "64M".into()))?;
 
-    for policy in [Residency::Stream, Residency::Cap(cap), Residency::Resident] {
+    for (name, policy) in [
+        ("stream", Residency::Stream),
+        ("cap", Residency::Cap(cap)),
+        ("custom: outer quarters", Residency::Custom(outer_quarters)),
+        ("resident", Residency::Resident),
+    ] {
         let mut model = Model::load(
             &path,
             LoadOptions {
@@ -27,7 +43,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let plan: &ResidencyPlan = model.executor().residency();
         let kept = plan.resident.iter().filter(|&&r| r).count();
         println!(
-            "{policy:?}: {kept}/{} layers resident ({:.1} MB), {:.1} MB streamed per token",
+            "{name}: {kept}/{} layers resident ({:.1} MB), {:.1} MB streamed per token",
             plan.resident.len(),
             plan.resident_bytes as f64 / 1e6,
             plan.streamed_bytes_per_token as f64 / 1e6

@@ -1,7 +1,7 @@
 //! Teacher-forced logits of a prompt: the top-5 next tokens at every position.
 //!
 //! ```sh
-//! cargo run --release -p flatrun-runtime --example inspect_logits -- MODEL.gguf "The quick brown fox"
+//! cargo run --release -p flatrun-examples --example inspect_logits -- MODEL.gguf "The quick brown fox"
 //! ```
 
 use flatrun_runtime::{LoadOptions, Model, StepOptions};

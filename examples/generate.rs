@@ -1,7 +1,7 @@
 //! Generate text from a prompt, streaming it to stdout.
 //!
 //! ```sh
-//! cargo run --release -p flatrun-runtime --example generate -- MODEL.gguf "The capital of France is" [max_new] [stream|resident|cap=SIZE]
+//! cargo run --release -p flatrun-examples --example generate -- MODEL.gguf "The capital of France is" [max_new] [stream|resident|cap=SIZE]
 //! ```
 
 use flatrun_runtime::{GenerateOptions, LoadOptions, Model, Residency};

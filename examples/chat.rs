@@ -1,7 +1,9 @@
 //! A chat loop: read a line, answer with the model's chat template, repeat.
+//! Each turn feeds only the tokens after the part of the conversation the KV
+//! cache already holds, so a long chat does not re-read its history.
 //!
 //! ```sh
-//! cargo run --release -p flatrun-runtime --example chat -- MODEL.gguf
+//! cargo run --release -p flatrun-examples --example chat -- MODEL.gguf
 //! ```
 
 use flatrun_runtime::{ChatMessage, GenerateOptions, LoadOptions, Model};
@@ -11,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args().nth(1).ok_or("usage: chat MODEL")?;
     let mut model = Model::load(&path, LoadOptions::default())?;
     let mut history: Vec<ChatMessage> = Vec::new();
+    let mut seq = model.new_sequence();
     let stdin = std::io::stdin();
     print!("> ");
     std::io::stdout().flush()?;
@@ -20,16 +23,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         history.push(ChatMessage::new("user", line));
-        // Render the whole conversation and generate the assistant's turn.
-        let prompt = model.apply_chat_template(&history, true)?;
-        let ids = model.encode(&prompt, true)?;
+        // Render the whole conversation, then keep the cached tokens it starts with
+        // (at least the last prompt token is always fed again, to get its logits).
+        let prompt = model.encode(&model.apply_chat_template(&history, true)?, true)?;
+        let cached = seq
+            .tokens()
+            .iter()
+            .zip(&prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len().saturating_sub(1));
+        seq.truncate(cached);
+        let new_tokens = prompt[cached..].to_vec();
+
         let mut answer = String::new();
-        for event in model.generate(ids, GenerateOptions::greedy(256))? {
+        let mut generation = model.generate_in(seq, new_tokens, GenerateOptions::greedy(256))?;
+        for event in &mut generation {
             let event = event?;
             print!("{}", event.text);
             std::io::stdout().flush()?;
             answer.push_str(&event.text);
         }
+        seq = generation.into_sequence();
         history.push(ChatMessage::new("assistant", answer));
         print!("\n> ");
         std::io::stdout().flush()?;

@@ -1,0 +1,129 @@
+//! Capped residency: the kept layers, the kept first rows of the head and the
+//! streamed rest (read into buffers by `stream_reader.rs`) give the same
+//! logits, bit for bit, as a fully resident model — for one sequence and for
+//! a batch of sequences stepped together (capped serving).
+
+mod common;
+
+use flatrun_runtime::executor::Sequence;
+use flatrun_runtime::{LoadOptions, Model, Residency, StepOptions};
+
+/// Logits of a prefill and two decode steps for each of `batch` sequences
+/// stepped together (the decode steps), under `residency`.
+fn logits(path: &std::path::Path, residency: Residency, batch: usize) -> (Vec<Vec<f32>>, u64) {
+    let mut model = Model::load(
+        path,
+        LoadOptions {
+            residency,
+            ctx: Some(64),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load");
+    let kept_head = model.executor().residency().output_kept_bytes;
+    let ex = model.executor_mut();
+    let mut seqs: Vec<Sequence> = (0..batch).map(|_| ex.new_sequence()).collect();
+    let mut out = Vec::new();
+    for (s, seq) in seqs.iter_mut().enumerate() {
+        let prompt: Vec<u32> = (0..12u32).map(|i| 100 + 37 * i + s as u32).collect();
+        out.push(
+            ex.step(seq, &prompt, StepOptions::default())
+                .expect("prefill")
+                .logits,
+        );
+    }
+    for t in [5u32, 9] {
+        let inputs: Vec<[u32; 1]> = (0..batch).map(|s| [t + s as u32]).collect();
+        let mut step: Vec<(&mut Sequence, &[u32])> = seqs
+            .iter_mut()
+            .zip(&inputs)
+            .map(|(s, i)| (s, &i[..]))
+            .collect();
+        for o in ex
+            .step_batch(&mut step, StepOptions::default())
+            .expect("decode")
+        {
+            out.push(o.logits);
+        }
+    }
+    (out, kept_head)
+}
+
+fn capped_logits_equal_resident(file: &str, cap: u64, batch: usize) {
+    let Some(path) = common::model(file) else {
+        return;
+    };
+    let (capped, kept_head) = logits(&path, Residency::Cap(cap), batch);
+    assert!(
+        kept_head > 0,
+        "{file}: cap {cap} should keep part of the head"
+    );
+    let (resident, _) = logits(&path, Residency::Resident, batch);
+    assert_eq!(capped.len(), resident.len());
+    for (i, (c, r)) in capped.iter().zip(&resident).enumerate() {
+        assert_eq!(c.len(), r.len());
+        let differ = c
+            .iter()
+            .zip(r)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "{file}: output {i}: {differ} logits differ between cap={cap} and resident"
+        );
+    }
+}
+
+#[test]
+fn smollm2_capped_with_part_of_the_head_kept_equals_resident() {
+    // 20 MiB: 7 of 30 layers and the first ~1 MiB of the 28.7 MiB head.
+    capped_logits_equal_resident("SmolLM2-135M-Instruct.Q4_1.gguf", 20 << 20, 1);
+}
+
+#[test]
+fn gemma3_capped_batch_with_part_of_the_head_kept_equals_resident() {
+    // 80 MiB: every layer and ~7 MiB of the 170 MiB tied head; 3 sequences.
+    capped_logits_equal_resident("gemma-3-270m-q4_k_m.gguf", 80 << 20, 3);
+}
+
+/// A policy of the caller's own: every other layer kept.
+fn even_layers(m: &flatrun_runtime::Manifest) -> Vec<bool> {
+    m.layers.iter().map(|l| l.index % 2 == 0).collect()
+}
+
+#[test]
+fn custom_policy_keeps_the_chosen_layers_and_equals_resident() {
+    let Some(path) = common::model("SmolLM2-135M-Instruct.Q4_1.gguf") else {
+        return;
+    };
+    let model = Model::load(
+        &path,
+        LoadOptions {
+            residency: Residency::Custom(even_layers),
+            ctx: Some(64),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load");
+    let plan = model.executor().residency();
+    let expected: Vec<bool> = (0..plan.resident.len()).map(|i| i % 2 == 0).collect();
+    assert_eq!(
+        plan.resident, expected,
+        "the plan keeps exactly the chosen layers"
+    );
+    assert!(!plan.output_resident && plan.streamed_bytes_per_token > 0);
+    drop(model);
+    let (custom, _) = logits(&path, Residency::Custom(even_layers), 2);
+    let (resident, _) = logits(&path, Residency::Resident, 2);
+    for (i, (c, r)) in custom.iter().zip(&resident).enumerate() {
+        let differ = c
+            .iter()
+            .zip(r)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        assert_eq!(
+            differ, 0,
+            "output {i}: {differ} logits differ between the custom policy and resident"
+        );
+    }
+}
