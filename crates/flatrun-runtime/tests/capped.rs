@@ -59,19 +59,11 @@ fn capped_logits_equal_resident(file: &str, cap: u64, batch: usize) {
         "{file}: cap {cap} should keep part of the head"
     );
     let (resident, _) = logits(&path, Residency::Resident, batch);
-    assert_eq!(capped.len(), resident.len());
-    for (i, (c, r)) in capped.iter().zip(&resident).enumerate() {
-        assert_eq!(c.len(), r.len());
-        let differ = c
-            .iter()
-            .zip(r)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{file}: output {i}: {differ} logits differ between cap={cap} and resident"
-        );
-    }
+    common::logits::assert_bit_identical(
+        &capped,
+        &resident,
+        &format!("{file}: cap={cap} vs resident"),
+    );
 }
 
 #[test]
@@ -115,15 +107,5 @@ fn custom_policy_keeps_the_chosen_layers_and_equals_resident() {
     drop(model);
     let (custom, _) = logits(&path, Residency::Custom(even_layers), 2);
     let (resident, _) = logits(&path, Residency::Resident, 2);
-    for (i, (c, r)) in custom.iter().zip(&resident).enumerate() {
-        let differ = c
-            .iter()
-            .zip(r)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "output {i}: {differ} logits differ between the custom policy and resident"
-        );
-    }
+    common::logits::assert_bit_identical(&custom, &resident, "custom policy vs resident");
 }

@@ -318,18 +318,11 @@ fn stream_logits_equal_resident(file: &str, chunk_bytes: usize) {
         out
     };
     let (streamed, resident) = (logits(Residency::Stream), logits(Residency::Resident));
-    for (i, (s, r)) in streamed.iter().zip(&resident).enumerate() {
-        assert_eq!(s.len(), r.len());
-        let differ = s
-            .iter()
-            .zip(r)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        assert_eq!(
-            differ, 0,
-            "{file}: step {i}: {differ} logits differ between stream and resident"
-        );
-    }
+    common::logits::assert_bit_identical(
+        &streamed,
+        &resident,
+        &format!("{file}: stream vs resident"),
+    );
 }
 
 #[test]

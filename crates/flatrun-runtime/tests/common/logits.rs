@@ -344,3 +344,18 @@ pub fn teacher_forced(
     agreement.print();
     agreement
 }
+
+/// Assert that two runs gave the same logits bit for bit: `ours[i]` against
+/// `theirs[i]` for every output `i` (`what` names the two runs in the message).
+pub fn assert_bit_identical(ours: &[Vec<f32>], theirs: &[Vec<f32>], what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: different output counts");
+    for (i, (a, b)) in ours.iter().zip(theirs).enumerate() {
+        assert_eq!(a.len(), b.len(), "{what}: output {i}: different lengths");
+        let differ = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count();
+        assert_eq!(differ, 0, "{what}: output {i}: {differ} logits differ");
+    }
+}
