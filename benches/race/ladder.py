@@ -23,9 +23,9 @@ FAIL is printed per rung. The KV cache is what must grow: K and V in f16,
 position per slot and layer); the weights in flight must not.
 
 What the KV term means depends on whether the cache's pages are resident.
-The runtime allocates it zeroed, so positions never written may cost no
-memory at all (the allocator's choice: fresh pages, or reused ones it must
-clear). The script therefore also prints the KV bytes the run writes
+The runtime gives each cache buffer its own zeroed anonymous mapping, so
+positions never written cost no memory at all (the kernel maps a page on
+its first write). The script therefore also prints the KV bytes the run writes
 (`-p + -n` positions, rounded up to whole pages per layer) and "other
 growth" = RSS growth − growth of those written KV bytes: what grew besides
 the cache (activations, per-layer tables, mapped file pages). With

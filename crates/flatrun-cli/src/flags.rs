@@ -5,7 +5,7 @@
 use anyhow::{bail, Context, Result};
 use flatrun_runtime::{
     BackendKind, KvType, LayerSelection, LoadOptions, Prefetch, Residency, SamplingParams,
-    WeightsMode,
+    StreamReads, WeightsMode,
 };
 use std::path::{Path, PathBuf};
 
@@ -34,6 +34,12 @@ pub struct EngineFlags {
     /// (e.g. 2M, 512K): at most (prefetch + 1) chunks of weights are resident.
     #[arg(long, value_name = "SIZE", default_value = "2M")]
     pub stream_chunk: String,
+    /// How a capped model reads the layers it streams: `direct` (O_DIRECT,
+    /// bypassing the page cache, so a tight memory cgroup keeps the kept
+    /// layers), `page-cache` (buffered, fast when the file is cached), or
+    /// `auto` (page-cache when free memory holds the model twice over).
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub stream_reads: String,
     /// KV cache element type: f16 or f32.
     #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
     pub kv_type: String,
@@ -128,6 +134,10 @@ impl EngineFlags {
             Some(range) => Some(parse_layers(range)?),
             None => None,
         };
+        let stream_reads: StreamReads = self
+            .stream_reads
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--stream-reads: {e}"))?;
         let residency = self.residency_for(model)?;
         if weights != WeightsMode::Keep && residency == Residency::Stream {
             bail!(
@@ -161,6 +171,7 @@ impl EngineFlags {
             trace_memory: self.trace_memory || self.profile_detailed,
             weights,
             layers,
+            stream_reads,
             ..LoadOptions::default()
         })
     }

@@ -92,6 +92,13 @@ pub fn header(loaded: &Loaded) -> String {
             human_bytes(exec.dense_weight_bytes())
         ));
     }
+    if let Some(cached) = exec.streams_through_page_cache() {
+        extra.push_str(if cached {
+            "\nreads:     streamed layers through the page cache (memory is plentiful; --stream-reads)"
+        } else {
+            "\nreads:     streamed layers with O_DIRECT, around the page cache (--stream-reads)"
+        });
+    }
     if let Some(layers) = &loaded.options.layers {
         extra.push_str(&format!(
             "\nlayers:    {layers} only ({} of {})",

@@ -36,6 +36,7 @@ fn help_of_each_command_shows_its_flags_and_defaults() {
         "--ctx",
         "--residency",
         "--prefetch",
+        "--stream-reads",
         "--kv-type",
         "--weights",
         "--layers",
@@ -247,6 +248,18 @@ fn bad_flag_values() {
     assert_short_error(
         &["run", "--model", m, "--prompt", "hi", "--threads", "0"],
         "--threads",
+    );
+    assert_short_error(
+        &[
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--stream-reads",
+            "mmap",
+        ],
+        "--stream-reads",
     );
     assert_short_error(&["bench", "--model", m, "-r", "0"], "--repetitions");
     // Values clap itself rejects exit with 2 and name the flag.

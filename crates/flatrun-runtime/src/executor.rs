@@ -318,6 +318,7 @@ impl StreamingExecutor {
                     |row_bytes| (capped_chunk / row_bytes.max(1)).max(64),
                     head_kept_rows,
                     read_depth,
+                    opts.stream_reads,
                 )
             }
             _ => None,
@@ -432,6 +433,12 @@ impl StreamingExecutor {
     /// The residency plan in force.
     pub fn residency(&self) -> &ResidencyPlan {
         &self.residency
+    }
+    /// How a capped model reads what it streams: `Some(true)` through the
+    /// page cache, `Some(false)` around it (`O_DIRECT`), `None` when no
+    /// layer is read explicitly ([`crate::StreamReads`]).
+    pub fn streams_through_page_cache(&self) -> Option<bool> {
+        self.streamer.as_ref().map(|st| st.reader.page_cache())
     }
     /// The storage backend.
     pub fn backend(&self) -> &Arc<dyn StorageBackend> {

@@ -8,45 +8,93 @@ use flatrun_kernels::ops::KvSlice;
 use flatrun_model::arch::LayerKv;
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
-use half::vec::HalfBitsVecExt;
 
-/// Slot storage in the chosen element type.
+/// Zeroed bytes for a cache buffer, in their own anonymous mapping: the
+/// kernel hands out zero pages on first write, so pages no position has
+/// reached yet are never resident and a long context costs memory only as it
+/// fills. (A heap allocation of the same size may be recycled memory that
+/// `calloc` has to clear by hand, which makes every page resident up front.)
+/// Falls back to the heap when the mapping cannot be made.
 #[derive(Debug)]
-enum KvStore {
-    F16(Vec<f16>),
-    F32(Vec<f32>),
+enum ZeroedBytes {
+    Mapped(memmap2::MmapMut),
+    /// `u32` elements: 4-byte alignment, enough for f16 and f32.
+    Heap(Vec<u32>),
+}
+
+impl ZeroedBytes {
+    fn new(bytes: usize) -> ZeroedBytes {
+        if bytes > 0 {
+            if let Ok(map) = memmap2::MmapMut::map_anon(bytes) {
+                return ZeroedBytes::Mapped(map);
+            }
+        }
+        ZeroedBytes::Heap(vec![0u32; bytes.div_ceil(4)])
+    }
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            ZeroedBytes::Mapped(map) => map,
+            ZeroedBytes::Heap(v) => bytemuck::cast_slice(v),
+        }
+    }
+    fn as_bytes_mut(&mut self) -> &mut [u8] {
+        match self {
+            ZeroedBytes::Mapped(map) => map,
+            ZeroedBytes::Heap(v) => bytemuck::cast_slice_mut(v),
+        }
+    }
+}
+
+/// Slot storage in the chosen element type: `len` elements over zeroed
+/// bytes (0 is zero in f16 and f32 alike). The bytes are page-aligned
+/// (mapped) or 4-byte aligned (heap), so the casts below cannot fail.
+#[derive(Debug)]
+struct KvStore {
+    kind: KvType,
+    len: usize,
+    bytes: ZeroedBytes,
 }
 
 impl KvStore {
     fn new(kind: KvType, len: usize) -> KvStore {
-        match kind {
-            // Zeroed through `calloc` (0u16 is f16 zero): pages no position
-            // has reached yet are never touched, so they cost no memory.
-            KvType::F16 => KvStore::F16(vec![0u16; len].reinterpret_into()),
-            KvType::F32 => KvStore::F32(vec![0.0; len]),
+        let width = match kind {
+            KvType::F16 => 2,
+            KvType::F32 => 4,
+        };
+        KvStore {
+            kind,
+            len,
+            bytes: ZeroedBytes::new(len * width),
         }
     }
     fn write_row(&mut self, slot: usize, dim: usize, row: &[f32]) {
         let range = slot * dim..(slot + 1) * dim;
-        match self {
-            KvStore::F16(buf) => {
+        let len = self.len;
+        let bytes = self.bytes.as_bytes_mut();
+        match self.kind {
+            KvType::F16 => {
+                let buf: &mut [f16] = bytemuck::cast_slice_mut(&mut bytes[..len * 2]);
                 for (dst, &src) in buf[range].iter_mut().zip(row) {
                     *dst = f16::from_f32(src);
                 }
             }
-            KvStore::F32(buf) => buf[range].copy_from_slice(row),
+            KvType::F32 => {
+                let buf: &mut [f32] = bytemuck::cast_slice_mut(&mut bytes[..len * 4]);
+                buf[range].copy_from_slice(row);
+            }
         }
     }
     fn slice(&self, slots: usize, dim: usize) -> KvSlice<'_> {
-        match self {
-            KvStore::F16(buf) => KvSlice::F16(&buf[..slots * dim]),
-            KvStore::F32(buf) => KvSlice::F32(&buf[..slots * dim]),
+        let bytes = self.bytes.as_bytes();
+        match self.kind {
+            KvType::F16 => KvSlice::F16(bytemuck::cast_slice(&bytes[..slots * dim * 2])),
+            KvType::F32 => KvSlice::F32(bytemuck::cast_slice(&bytes[..slots * dim * 4])),
         }
     }
     fn bytes(&self) -> usize {
-        match self {
-            KvStore::F16(b) => b.len() * 2,
-            KvStore::F32(b) => b.len() * 4,
+        match self.kind {
+            KvType::F16 => self.len * 2,
+            KvType::F32 => self.len * 4,
         }
     }
 }

@@ -46,7 +46,7 @@ pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
 pub use layer_range::LayerSelection;
 pub use model::{Model, Session};
-pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency};
+pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
 pub use profiler::Profiler;
 pub use residency::ResidencyPlan;
 pub use weights_override::WeightsMode;

@@ -207,3 +207,58 @@ pub fn release(bytes: &[u8]) {
         libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED);
     }
 }
+
+/// Bytes this process may still fill before memory gets tight: the smallest
+/// of `MemAvailable` (`/proc/meminfo`) and, for every memory cgroup from the
+/// process's own up to the root, its limit less its usage (cgroup v2
+/// `memory.max` − `memory.current`, v1 `memory.limit_in_bytes` −
+/// `memory.usage_in_bytes`, which counts page cache: an underestimate, on
+/// the safe side). `None` when none of these can be read (not Linux).
+pub fn memory_headroom() -> Option<u64> {
+    let read_u64 = |path: &std::path::Path| -> Option<u64> {
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    };
+    let mut headroom: Option<u64> =
+        std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|text| {
+                let line = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
+                let kib: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
+                Some(kib * 1024)
+            });
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    for line in cgroups.lines() {
+        // "0::/path" (v2) or "N:memory:/path" (v1; controllers comma-separated).
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(id), Some(c), Some(p)) => (id, c, p),
+            _ => continue,
+        };
+        let (root, limit_file, usage_file) = if controllers.is_empty() {
+            ("/sys/fs/cgroup", "memory.max", "memory.current")
+        } else if controllers.split(',').any(|c| c == "memory") {
+            (
+                "/sys/fs/cgroup/memory",
+                "memory.limit_in_bytes",
+                "memory.usage_in_bytes",
+            )
+        } else {
+            continue;
+        };
+        let mut dir = std::path::PathBuf::from(root).join(path.trim_start_matches('/'));
+        loop {
+            // "max" (v2) does not parse: no limit at this level.
+            if let (Some(limit), Some(usage)) = (
+                read_u64(&dir.join(limit_file)),
+                read_u64(&dir.join(usage_file)),
+            ) {
+                let left = limit.saturating_sub(usage);
+                headroom = Some(headroom.map_or(left, |h| h.min(left)));
+            }
+            if dir.as_os_str().len() <= root.len() || !dir.pop() {
+                break;
+            }
+        }
+    }
+    headroom
+}

@@ -120,6 +120,40 @@ impl FromStr for KvType {
     }
 }
 
+/// How a capped model reads the layers it streams (see `stream_reader.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StreamReads {
+    /// `PageCache` when memory is plentiful — the process's headroom
+    /// ([`crate::memory::memory_headroom`]: `MemAvailable` and every memory
+    /// cgroup's limit less its usage) holds the kept bytes, twice the
+    /// streamed bytes and 256 MiB more — else `Direct`.
+    #[default]
+    Auto,
+    /// `O_DIRECT` reads that bypass the page cache (or buffered reads
+    /// dropped again with `POSIX_FADV_DONTNEED`): streamed bytes never
+    /// crowd the kept layers out of a tight memory cgroup, but every token
+    /// re-reads them from the disk.
+    Direct,
+    /// Buffered reads left in the page cache: a warm cache serves the
+    /// streamed layers at memory speed when memory is not tight.
+    PageCache,
+}
+
+impl FromStr for StreamReads {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "auto" => Ok(StreamReads::Auto),
+            "direct" => Ok(StreamReads::Direct),
+            "page-cache" => Ok(StreamReads::PageCache),
+            other => Err(RuntimeError::Option {
+                option: "stream-reads",
+                what: format!("`{other}` (expected auto, direct or page-cache)"),
+            }),
+        }
+    }
+}
+
 /// How upcoming layers are read ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefetch {
@@ -167,6 +201,8 @@ pub struct LoadOptions {
     /// chunks ahead: at most `(depth + 1) × stream_chunk_bytes` of weights are
     /// resident at once, however large a layer is (see `chunk_stream.rs`).
     pub stream_chunk_bytes: usize,
+    /// How a capped model reads the layers it streams.
+    pub stream_reads: StreamReads,
 }
 
 impl Default for LoadOptions {
@@ -184,6 +220,7 @@ impl Default for LoadOptions {
             weights: crate::weights_override::WeightsMode::Keep,
             layers: None,
             stream_chunk_bytes: crate::chunk_stream::DEFAULT_CHUNK_BYTES,
+            stream_reads: StreamReads::Auto,
         }
     }
 }

@@ -7,7 +7,9 @@
 //! matrices, or one row chunk of a streamed output head — with large `pread`s
 //! into one of a few reused, page-aligned buffers, with `O_DIRECT` where the
 //! file system allows it (the page cache is bypassed; otherwise the read
-//! pages are dropped again with `POSIX_FADV_DONTNEED`). The thread walks the
+//! pages are dropped again with `POSIX_FADV_DONTNEED`). When memory is
+//! plentiful ([`StreamReads`]), the reads go through the page cache and stay
+//! there instead: a warm cache then serves them at memory speed. The thread walks the
 //! streamed items in the order a step uses them, cyclically, up to `depth`
 //! items ahead of the executor, so disk reads overlap compute.
 //!
@@ -16,6 +18,7 @@
 //! executor:       acquire(k): wait for (k, buffer) (the I/O wait); compute; release → pool
 //! ```
 
+use crate::options::StreamReads;
 use crate::residency::ResidencyPlan;
 use flatrun_format::StorageBackend;
 use flatrun_kernels::Weight;
@@ -121,19 +124,34 @@ struct Source {
     file: File,
     /// `O_DIRECT` is in force (aligned reads bypass the page cache).
     direct: bool,
+    /// Buffered reads stay in the page cache (else they are dropped again).
+    keep_cached: bool,
 }
 
 impl Source {
-    fn open(path: &std::path::Path) -> std::io::Result<Source> {
+    /// Open `path` for direct reads, or for cached ones when `keep_cached`.
+    fn open(path: &std::path::Path, keep_cached: bool) -> std::io::Result<Source> {
+        if keep_cached {
+            return Ok(Source {
+                file: File::open(path)?,
+                direct: false,
+                keep_cached,
+            });
+        }
         match std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_DIRECT)
             .open(path)
         {
-            Ok(file) => Ok(Source { file, direct: true }),
+            Ok(file) => Ok(Source {
+                file,
+                direct: true,
+                keep_cached,
+            }),
             Err(_) => Ok(Source {
                 file: File::open(path)?,
                 direct: false,
+                keep_cached,
             }),
         }
     }
@@ -155,7 +173,7 @@ impl Source {
                 Err(e) => return Err(e),
             }
         }
-        if !self.direct {
+        if !self.direct && !self.keep_cached {
             // Buffered reads: drop the pages again so that streamed bytes do
             // not crowd the kept layers out of the page cache.
             use std::os::fd::AsRawFd;
@@ -225,16 +243,19 @@ pub struct StreamReader {
     ready: Receiver<ReadItem>,
     worker: Option<JoinHandle<()>>,
     buffer_bytes: u64,
+    page_cache: bool,
 }
 
 impl StreamReader {
     /// Start the reader over `files` for `items`, read in this order
-    /// cyclically, at most `depth` items ahead of the one in use. `None`
-    /// when there is nothing to stream or the buffers cannot be allocated.
+    /// cyclically, at most `depth` items ahead of the one in use, through
+    /// the page cache (`page_cache`) or around it. `None` when there is
+    /// nothing to stream or the buffers cannot be allocated.
     pub fn start(
         files: Vec<PathBuf>,
         items: Vec<StreamItem>,
         depth: usize,
+        page_cache: bool,
     ) -> Option<StreamReader> {
         if items.is_empty() {
             return None;
@@ -251,7 +272,11 @@ impl StreamReader {
         let stopped = stop.clone();
         let worker = std::thread::Builder::new()
             .name("flatrun-stream-reader".into())
-            .spawn(move || read_loop(files, schedule, free_rx, free_tx, ready_tx, stopped))
+            .spawn(move || {
+                read_loop(
+                    files, schedule, free_rx, free_tx, ready_tx, stopped, page_cache,
+                )
+            })
             .ok()?;
         Some(StreamReader {
             items,
@@ -259,7 +284,13 @@ impl StreamReader {
             ready: ready_rx,
             worker: Some(worker),
             buffer_bytes: size as u64 * count as u64,
+            page_cache,
         })
+    }
+
+    /// The reads go through the page cache and stay there.
+    pub fn page_cache(&self) -> bool {
+        self.page_cache
     }
 
     /// The items, in reading order.
@@ -324,6 +355,7 @@ fn read_loop(
     pool: Sender<AlignedBuffer>,
     ready: Sender<ReadItem>,
     stop: Arc<AtomicBool>,
+    page_cache: bool,
 ) {
     let mut sources: Vec<Option<Source>> = paths.iter().map(|_| None).collect();
     let mut next = 0usize;
@@ -347,7 +379,9 @@ fn read_loop(
             let result = match sources.get_mut(span.file) {
                 Some(slot) => {
                     if slot.is_none() {
-                        *slot = paths.get(span.file).and_then(|p| Source::open(p).ok());
+                        *slot = paths
+                            .get(span.file)
+                            .and_then(|p| Source::open(p, page_cache).ok());
                     }
                     match (slot.as_mut(), buffer.as_mut_slice().get_mut(at..at + len)) {
                         (Some(source), Some(out)) => source
@@ -410,6 +444,7 @@ impl StreamSchedule {
         head_chunk_rows: impl Fn(usize) -> usize,
         head_first_row: usize,
         depth: usize,
+        reads: StreamReads,
     ) -> Option<StreamSchedule> {
         let span_of = |name: &str| -> Option<Span> {
             let h = backend.tensor(name).ok()?;
@@ -462,7 +497,20 @@ impl StreamSchedule {
                 r0 = r1;
             }
         }
-        let reader = StreamReader::start(backend.files().to_vec(), items, depth)?;
+        let streamed_bytes: u64 = items
+            .iter()
+            .flat_map(|item| item.spans.iter().map(|s| s.len))
+            .sum();
+        let page_cache = match reads {
+            StreamReads::Direct => false,
+            StreamReads::PageCache => true,
+            // Plentiful: the kept bytes, the streamed ones twice over
+            // (page cache and a margin for what else runs) and 256 MiB.
+            StreamReads::Auto => crate::memory::memory_headroom().is_some_and(|headroom| {
+                headroom >= plan.resident_bytes + 2 * streamed_bytes + (256 << 20)
+            }),
+        };
+        let reader = StreamReader::start(backend.files().to_vec(), items, depth, page_cache)?;
         Some(StreamSchedule {
             reader,
             layer_item,

@@ -1,26 +1,46 @@
 //! Capped residency: the kept layers, the kept first rows of the head and the
 //! streamed rest (read into buffers by `stream_reader.rs`) give the same
 //! logits, bit for bit, as a fully resident model — for one sequence and for
-//! a batch of sequences stepped together (capped serving).
+//! a batch of sequences stepped together (capped serving), whether the
+//! streamed bytes are read around the page cache (`O_DIRECT`) or through it.
 
 mod common;
 
 use flatrun_runtime::executor::Sequence;
-use flatrun_runtime::{LoadOptions, Model, Residency, StepOptions};
+use flatrun_runtime::{LoadOptions, Model, Residency, StepOptions, StreamReads};
 
 /// Logits of a prefill and two decode steps for each of `batch` sequences
-/// stepped together (the decode steps), under `residency`.
-fn logits(path: &std::path::Path, residency: Residency, batch: usize) -> (Vec<Vec<f32>>, u64) {
+/// stepped together (the decode steps), under `residency`, reading streamed
+/// layers as `reads` says; also the head bytes kept.
+fn logits(
+    path: &std::path::Path,
+    residency: Residency,
+    reads: StreamReads,
+    batch: usize,
+) -> (Vec<Vec<f32>>, u64) {
     let mut model = Model::load(
         path,
         LoadOptions {
             residency,
             ctx: Some(64),
+            stream_reads: reads,
             ..LoadOptions::default()
         },
     )
     .expect("load");
     let kept_head = model.executor().residency().output_kept_bytes;
+    if let Residency::Cap(_) = residency {
+        let forced = match reads {
+            StreamReads::Direct => Some(false),
+            StreamReads::PageCache => Some(true),
+            StreamReads::Auto => None,
+        };
+        let path_taken = model.executor().streams_through_page_cache();
+        assert!(path_taken.is_some(), "a cap must stream through the reader");
+        if forced.is_some() {
+            assert_eq!(path_taken, forced, "{reads:?} not in force");
+        }
+    }
     let ex = model.executor_mut();
     let mut seqs: Vec<Sequence> = (0..batch).map(|_| ex.new_sequence()).collect();
     let mut out = Vec::new();
@@ -53,17 +73,19 @@ fn capped_logits_equal_resident(file: &str, cap: u64, batch: usize) {
     let Some(path) = common::model(file) else {
         return;
     };
-    let (capped, kept_head) = logits(&path, Residency::Cap(cap), batch);
-    assert!(
-        kept_head > 0,
-        "{file}: cap {cap} should keep part of the head"
-    );
-    let (resident, _) = logits(&path, Residency::Resident, batch);
-    common::logits::assert_bit_identical(
-        &capped,
-        &resident,
-        &format!("{file}: cap={cap} vs resident"),
-    );
+    let (resident, _) = logits(&path, Residency::Resident, StreamReads::Auto, batch);
+    for reads in [StreamReads::Direct, StreamReads::PageCache] {
+        let (capped, kept_head) = logits(&path, Residency::Cap(cap), reads, batch);
+        assert!(
+            kept_head > 0,
+            "{file}: cap {cap} should keep part of the head"
+        );
+        common::logits::assert_bit_identical(
+            &capped,
+            &resident,
+            &format!("{file}: cap={cap} ({reads:?}) vs resident"),
+        );
+    }
 }
 
 #[test]
@@ -105,7 +127,7 @@ fn custom_policy_keeps_the_chosen_layers_and_equals_resident() {
     );
     assert!(!plan.output_resident && plan.streamed_bytes_per_token > 0);
     drop(model);
-    let (custom, _) = logits(&path, Residency::Custom(even_layers), 2);
-    let (resident, _) = logits(&path, Residency::Resident, 2);
+    let (custom, _) = logits(&path, Residency::Custom(even_layers), StreamReads::Auto, 2);
+    let (resident, _) = logits(&path, Residency::Resident, StreamReads::Auto, 2);
     common::logits::assert_bit_identical(&custom, &resident, "custom policy vs resident");
 }
