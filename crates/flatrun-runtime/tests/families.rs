@@ -37,7 +37,7 @@ use common::logits::{teacher_forced, Bounds, LogitFixture};
 use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency};
 
 /// Largest tolerated |ours − reference| on a top-10 logit (measured: native
-/// 0.000 for f16/Q8_0 and 0.15 for Q1_0, reference backend up to 0.27).
+/// 0.000 for f16, Q8_0 and Q1_0, reference backend up to 0.27).
 const TOP10_TOLERANCE: f32 = 0.4;
 /// Largest tolerated mean |ours − reference| over all top-10 logits
 /// (measured: native ≤ 0.010, reference backend ≤ 0.032).

@@ -53,6 +53,18 @@ fn prefetch_linear(pos: *const u8, step: usize) {
     }
 }
 
+/// [`prefetch_linear`] for a kernel that eats `step` bytes per iteration, any number of lines:
+/// one `prefetcht0` per 64 bytes of `step` (rounded up), so the stream keeps up with the kernel
+/// (the K-quant row pairs eat 168–272 bytes per block). A hint only, as `prefetch_linear`.
+#[inline(always)]
+fn prefetch_lines(pos: *const u8, step: usize) {
+    let ahead = pos.wrapping_add(PREFETCH_AHEAD);
+    for k in 0..step.div_ceil(64) {
+        // SAFETY: `prefetcht0` reads no architectural state and cannot fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * k) as *const i8) };
+    }
+}
+
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
     ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
@@ -522,7 +534,15 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// Q1_0 (128 sign bits per block, one scale) × a tile of `N` Q8 token rows.
+            /// Q1_0 (128 sign bits per block, one scale) × a tile of `N` Q8 token rows, in the
+            /// float order of ggml's AVX2 `ggml_vec_dot_q1_0_q8_0` (llama.cpp 0.3.36, which has no
+            /// other x86 path and repacks Q1_0 only on Arm): per 128-value block, the four Q8
+            /// sub-blocks' lane sums `c_k` (eight i32 lanes of four values each) are chained as
+            /// `blk = d_a0·c_0`, `blk = fma(d_ak, c_k, blk)` for k = 1, 2, 3, then
+            /// `acc = fma(d_w, blk, acc)`; `hsum(acc)` at the end (`tests/q1_0_order.rs`).
+            /// Each `d_a·c` is exact (an f16 scale times an integer below 2^10), so what this
+            /// fixes is how the sums associate: one FMA per 32 values into a single
+            /// accumulator, as this kernel did before, moved Bonsai's logits by up to 0.15.
             #[target_feature(enable = $features)]
             unsafe fn q1_0_n<const N: usize>(row: &[u8], acts: &[&[BlockQ8]], out: &mut [f32]) {
                 let nb = row.len() / 18;
@@ -530,7 +550,7 @@ macro_rules! x86_kernels {
                 let mut acc = [_mm256_setzero_ps(); N];
                 for i in 0..nb {
                     let b = row.as_ptr().add(i * 18);
-                    let d = f16_at(b);
+                    let mut blk = [_mm256_setzero_ps(); N];
                     for sub in 0..4 {
                         // ±1 per bit: 0xFF&2 − 1 = +1, 0 − 1 = −1.
                         let mask = bits_to_bytes(b.add(2 + 4 * sub));
@@ -538,9 +558,14 @@ macro_rules! x86_kernels {
                         for t in 0..N {
                             let a = acts.get_unchecked(t).get_unchecked(4 * i + sub);
                             let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                            let p = _mm256_cvtepi32_ps($mul_sum(ones, _mm256_sign_epi8(ay, w)));
-                            acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(d * a.d), p, acc[t]);
+                            let c = _mm256_cvtepi32_ps($mul_sum(ones, _mm256_sign_epi8(ay, w)));
+                            let da = _mm256_set1_ps(a.d);
+                            blk[t] = if sub == 0 { _mm256_mul_ps(da, c) } else { _mm256_fmadd_ps(da, c, blk[t]) };
                         }
+                    }
+                    let d = _mm256_set1_ps(f16_at(b));
+                    for t in 0..N {
+                        acc[t] = _mm256_fmadd_ps(d, blk[t], acc[t]);
                     }
                 }
                 for t in 0..N {
@@ -548,34 +573,125 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// One token × every row of a group of Q1_0, four adjacent rows at a time: each row
-            /// keeps [`q1_0_n`]'s single FMA chain (four FMAs per 128-value block, 16 cycles of
-            /// latency), so four rows in flight keep the FMA units busy and the outputs are
-            /// bit for bit those of `q1_0_n::<1>`, which takes the last `rows % 4`.
+            /// Rows per group of the one-token Q1_0 kernel [`q1_0_gemv_rows`] (at most 4: their
+            /// f16 scales share one 64-bit move).
+            const Q1_ROWS: usize = 4;
+            const _: () = assert!(Q1_ROWS <= 4);
+
+            /// `min(x, y)` of unsigned bytes, as asm: on the 0 / `2^m` bytes of [`q1_0_gemv_rows`]
+            /// LLVM rewrites the intrinsic into `vpcmpeqb` + `vpand`, one instruction more.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn min_epu8(x: __m256i, y: __m256i) -> __m256i {
+                let m: __m256i;
+                // SAFETY: `vpminub` only reads and writes vector registers (AVX2, enabled here).
+                unsafe {
+                    std::arch::asm!(
+                        "vpminub {m}, {x}, {y}",
+                        m = lateout(ymm_reg) m,
+                        x = in(ymm_reg) x,
+                        y = in(ymm_reg) y,
+                        options(pure, nomem, nostack, preserves_flags)
+                    );
+                }
+                m
+            }
+
+            /// `vpshufb` as asm: LLVM would turn the in-lane shuffle of a 128-bit broadcast into
+            /// a cross-lane `vpermq`/`vpbroadcastd` and another shuffle.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn shuffle_bytes(x: __m256i, pick: __m256i) -> __m256i {
+                let y: __m256i;
+                // SAFETY: `vpshufb` only reads and writes vector registers (AVX2, enabled here).
+                unsafe {
+                    std::arch::asm!(
+                        "vpshufb {y}, {x}, {p}",
+                        y = lateout(ymm_reg) y,
+                        x = in(ymm_reg) x,
+                        p = in(ymm_reg) pick,
+                        options(pure, nomem, nostack, preserves_flags)
+                    );
+                }
+                y
+            }
+
+            /// One token × every row of a group of Q1_0, [`Q1_ROWS`] adjacent rows at a time,
+            /// each in [`q1_0_n`]'s float order, so every output is bit for bit that of
+            /// `q1_0_n::<1>` (which takes the last `rows % Q1_ROWS`). The activations' loads and
+            /// scale broadcasts serve every row of the group. Each lane integer (four values) is
+            /// the same exact sum `Σ ±a`, computed as `2·Σ_{bit set} a − Σ a`: the bits become
+            /// 0/1 bytes (one 16-byte load per row and block, in both lanes; for sub-block `s`
+            /// `vpshufb` spreads bits byte `4s + j/8` to byte `j`, `and` keeps bit `j%8`, `min`
+            /// with 1), `maddubs` and `madd` with 2 give `2·Σ_{set} a` per four values, and `Σ a`
+            /// per four values comes from a table made once per call (computed in place for
+            /// rows wider than the table). Eight vector instructions per row and 32 values, all
+            /// four vector pipes of the development CPU (Zen 3) busy: it is compute-bound at
+            /// about 10–11 cycles per 128-value block (see `docs/performance.md`).
             #[target_feature(enable = $features)]
             unsafe fn q1_0_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
-                const R: usize = 4;
+                const R: usize = Q1_ROWS;
                 let n = rows.len() / rb;
                 let nb = rb / 18;
+                let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+                let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
                 let ones = _mm256_set1_epi8(1);
-                for (quad, o) in rows.chunks_exact(R * rb).zip(out.chunks_exact_mut(R)) {
-                    let base = quad.as_ptr();
+                let (ones16, twos16) = (_mm256_set1_epi16(1), _mm256_set1_epi16(2));
+                let lane_sums = |ab: &BlockQ8| {
+                    let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones, ay), ones16)
+                };
+                // Σ a per four values of every activation block (exact: at most 4 · 127).
+                let mut totals = [const { std::mem::MaybeUninit::<__m256i>::uninit() }; MAX_OFFSET_BLOCKS];
+                let table = 4 * nb <= MAX_OFFSET_BLOCKS;
+                if table {
+                    for (slot, ab) in totals.iter_mut().zip(&a[..4 * nb]) {
+                        slot.write(lane_sums(ab));
+                    }
+                }
+                for (group, o) in rows.chunks_exact(R * rb).zip(out.chunks_exact_mut(R)) {
+                    let base = group.as_ptr();
                     let mut acc = [_mm256_setzero_ps(); R];
                     for i in 0..nb {
-                        // One linear prefetch stream over the four rows (see `legacy_gemv2`).
+                        // One linear prefetch stream over the rows (see `legacy_gemv2`).
                         super::prefetch_linear(base.wrapping_add(R * i * 18), R * 18);
                         let block = |r: usize| base.add(r * rb + i * 18);
-                        let d: [f32; R] = std::array::from_fn(|r| f16_at(block(r)));
+                        // Each row's 128 bits in both lanes: one load serves its four sub-blocks.
+                        let bits: [__m256i; R] = std::array::from_fn(|r| _mm256_broadcastsi128_si256(_mm_loadu_si128(block(r).add(2) as *const __m128i)));
+                        let mut blk = [_mm256_setzero_ps(); R];
                         for sub in 0..4 {
                             let ab = a.get_unchecked(4 * i + sub);
                             let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                            let total = if table { totals.get_unchecked(4 * i + sub).assume_init() } else { lane_sums(ab) };
+                            let da = _mm256_set1_ps(ab.d);
+                            // Bytes 4·sub, 4·sub + 1 of the bits to the low lane, 4·sub + 2, 4·sub + 3 to the high one.
+                            let spread = _mm256_add_epi8(spread, _mm256_set1_epi8(4 * sub as i8));
                             for r in 0..R {
-                                // ±1 per bit, as in `q1_0_n`.
-                                let mask = bits_to_bytes(block(r).add(2 + 4 * sub));
-                                let w = _mm256_sub_epi8(_mm256_and_si256(mask, _mm256_set1_epi8(2)), ones);
-                                let p = _mm256_cvtepi32_ps($mul_sum(ones, _mm256_sign_epi8(ay, w)));
-                                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r] * ab.d), p, acc[r]);
+                                let spread_bits = shuffle_bytes(bits[r], spread);
+                                let set = min_epu8(_mm256_and_si256(spread_bits, bit), ones);
+                                // The lane sums of the ±1 weights: 2·Σ_{set} a − Σ a.
+                                let twice_set = _mm256_madd_epi16(_mm256_maddubs_epi16(set, ay), twos16);
+                                let c = _mm256_cvtepi32_ps(_mm256_sub_epi32(twice_set, total));
+                                blk[r] = if sub == 0 { _mm256_mul_ps(da, c) } else { _mm256_fmadd_ps(da, c, blk[r]) };
                             }
+                        }
+                        // The rows' f16 scales in one zero-extending 64-bit move, converted at once.
+                        let packed = (0..R).fold(0u64, |w, r| w | (u16::from_le_bytes([*block(r), *block(r).add(1)]) as u64) << (16 * r));
+                        let halves: __m128i;
+                        // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
+                        // the rest); it touches no memory (see `f16_pair` for why it is asm).
+                        unsafe {
+                            std::arch::asm!(
+                                "vmovq {v}, {b}",
+                                v = lateout(xmm_reg) halves,
+                                b = in(reg) packed,
+                                options(pure, nomem, nostack, preserves_flags)
+                            );
+                        }
+                        let mut d = [0f32; 4];
+                        _mm_storeu_ps(d.as_mut_ptr(), _mm_cvtph_ps(halves));
+                        for r in 0..R {
+                            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d[r]), blk[r], acc[r]);
                         }
                     }
                     for r in 0..R {
@@ -980,6 +1096,115 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// Two f16 pairs, the 32-bit words at `p0` and `p1`, as `[p0 lo, p0 hi, p1 lo, p1 hi]`
+            /// in f32: one zero-extending 64-bit move and one conversion for two rows' block scales.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn f16_quad(p0: *const u8, p1: *const u8) -> __m128 {
+                let word = |p: *const u8| u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) as u64;
+                let bits = word(p0) | (word(p1) << 32);
+                let v: __m128i;
+                // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
+                // the rest); it touches no memory (see `f16_pair` for why it is asm).
+                unsafe {
+                    std::arch::asm!(
+                        "vmovq {v}, {b}",
+                        v = lateout(xmm_reg) v,
+                        b = in(reg) bits,
+                        options(pure, nomem, nostack, preserves_flags)
+                    );
+                }
+                _mm_cvtph_ps(v)
+            }
+
+            /// The lane sums of two 8-lane i32 vectors as `[Σv0, Σv0, Σv1, Σv1]` (exact).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn pair_sums_i32(v0: __m256i, v1: __m256i) -> __m128i {
+                let h = _mm256_hadd_epi32(v0, v1);
+                let h = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+                let h = _mm_hadd_epi32(h, h);
+                _mm_shuffle_epi32(h, 0b01_01_00_00)
+            }
+
+            /// Lane `k` (0..4) of `v` in all eight lanes.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn splat_lane(v: __m128, k: i32) -> __m256 {
+                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(v), _mm256_set1_epi32(k))
+            }
+
+            /// One token × every row of a group of Q2_K, two adjacent rows at a time (an odd last
+            /// row through `q2_k_n::<false, 1>`). Each output is bit for bit `q2_k_n::<false, 1>`'s:
+            /// the same `madd(maddubs(q, a), scale)` per 32 values into the same 8 i32 lanes of a
+            /// block's `sumi`, `acc = fma(d·d_a, sumi, acc)` per block, the min chain
+            /// `mins += (dmin·d_a)·Σ min·bsum` (in lanes 1 and 3 of one vector: the same f32
+            /// operations per row), then `hsum(acc) − mins`. Cheaper per block: each 32 values'
+            /// scale pair is one `vpshufb` of the block's 16 scale bytes, the 16 mins meet the
+            /// activations' group sums in one `vpmaddwd`, and the activation loads, the f16
+            /// conversion and the min reduction serve both rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q2_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 84;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                let m3 = _mm256_set1_epi8(3);
+                let m4 = _mm256_set1_epi8(0x0F);
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    // Lane 1: row 0's min sum, lane 3: row 1's (lanes 0 and 2 are not used).
+                    let mut mins = _mm_setzero_ps();
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // [d0, dmin0, d1, dmin1] · d_a: the f32 products `d·d_a`, `dmin·d_a` of each row.
+                        let dd = _mm_mul_ps(f16_quad(b0.add(80), b1.add(80)), _mm_set1_ps(ab.d));
+                        // Each row's 16 scale bytes in both lanes: scale = low nibble, min = high nibble.
+                        let raw0 = _mm256_broadcastsi128_si256(_mm_loadu_si128(b0 as *const __m128i));
+                        let raw1 = _mm256_broadcastsi128_si256(_mm_loadu_si128(b1 as *const __m128i));
+                        let (sc0, sc1) = (_mm256_and_si256(raw0, m4), _mm256_and_si256(raw1, m4));
+                        // Σ_g min[g]·bsums[g] of each row, exact.
+                        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                        let min_products = |raw: __m256i| {
+                            let m = _mm_and_si128(_mm_srli_epi16(_mm256_castsi256_si128(raw), 4), _mm256_castsi256_si128(m4));
+                            _mm256_madd_epi16(_mm256_cvtepu8_epi16(m), bs)
+                        };
+                        let summ = pair_sums_i32(min_products(raw0), min_products(raw1));
+                        // Scale sums: 32 values at a time, 2 bits each.
+                        let (mut sumi0, mut sumi1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for half in 0..2 {
+                            let mut q0 = _mm256_loadu_si256(b0.add(16 + 32 * half) as *const __m256i);
+                            let mut q1 = _mm256_loadu_si256(b1.add(16 + 32 * half) as *const __m256i);
+                            for s in 0..4 {
+                                // Scale g (as i16) for the first 16 values, g + 1 for the next 16.
+                                // (`vpshufb` zeroes the byte picked by 0x80: each word is `[g, 0]`.)
+                                let g = (8 * half + 2 * s) as u16;
+                                let word = |k: u16| _mm_set1_epi16((0x8000 | k) as i16);
+                                let pick = _mm256_set_m128i(word(g + 1), word(g));
+                                let ay = ab.qs.as_ptr().add(128 * half + 32 * s);
+                                let (v0, v1) = (_mm256_and_si256(q0, m3), _mm256_and_si256(q1, m3));
+                                q0 = _mm256_srli_epi16(q0, 2);
+                                q1 = _mm256_srli_epi16(q1, 2);
+                                sumi0 = _mm256_add_epi32(sumi0, scaled_dot(v0, ay, _mm256_shuffle_epi8(sc0, pick)));
+                                sumi1 = _mm256_add_epi32(sumi1, scaled_dot(v1, ay, _mm256_shuffle_epi8(sc1, pick)));
+                            }
+                        }
+                        acc0 = _mm256_fmadd_ps(splat_lane(dd, 0), _mm256_cvtepi32_ps(sumi0), acc0);
+                        acc1 = _mm256_fmadd_ps(splat_lane(dd, 2), _mm256_cvtepi32_ps(sumi1), acc1);
+                        // Lanes 1 and 3: `mins += (dmin·d_a)·Σ`, as `q2_k_n`'s scalar chain.
+                        mins = _mm_add_ps(mins, _mm_mul_ps(dd, _mm_cvtepi32_ps(summ)));
+                    }
+                    o[0] = hsum(acc0) - _mm_cvtss_f32(_mm_movehdup_ps(mins));
+                    o[1] = hsum(acc1) - _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 3));
+                }
+                if n % 2 == 1 {
+                    q2_k_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                }
+            }
+
             /// Q3_K × a tile of `N` Q8_K token rows (values used as 0..8, offset 4 removed via group
             /// sums; `WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
@@ -1053,6 +1278,126 @@ macro_rules! x86_kernels {
                 _mm_sub_epi8(v, _mm_set1_epi8(32))
             }
 
+            /// Bit `j` (0..8) of every byte of a Q3_K `hmask` moved to bit 2 (other bits unmasked):
+            /// 16-bit shifts that never carry a neighbouring byte's bit into bit 2.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_high_at_bit2(hm: __m256i, j: usize) -> __m256i {
+                match j {
+                    0 => _mm256_slli_epi16(hm, 2),
+                    1 => _mm256_slli_epi16(hm, 1),
+                    2 => hm,
+                    3 => _mm256_srli_epi16(hm, 1),
+                    4 => _mm256_srli_epi16(hm, 2),
+                    5 => _mm256_srli_epi16(hm, 3),
+                    6 => _mm256_srli_epi16(hm, 4),
+                    _ => _mm256_srli_epi16(hm, 5),
+                }
+            }
+
+            /// The 16 signed scales (−32 offset removed) of the Q3_K blocks at `b0` and `b1`, as
+            /// i16: the values of [`q3k_scales_vec`], unpacked for both rows at once in vector
+            /// registers. The 12 scale bytes `s` are bytes 96..108 of a block (loaded from byte 94,
+            /// inside the block); scale j takes its low 4 bits from `s[j % 8]` (the high nibble for
+            /// j ≥ 8) and its top 2 bits from bits 2·(j / 4) of `s[8 + j % 4]`, so one `vpshufb`
+            /// and one per-dword shift place each part.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_scales_pair(b0: *const u8, b1: *const u8) -> (__m256i, __m256i) {
+                let raw = _mm256_set_m128i(
+                    _mm_loadu_si128(b1.add(94) as *const __m128i),
+                    _mm_loadu_si128(b0.add(94) as *const __m128i),
+                );
+                // Bytes j of each lane: s[j % 8] (at 2 + j % 8), and s[8 + j % 4] (at 10 + j % 4).
+                let low_pick = _mm256_set1_epi64x(0x0908_0706_0504_0302);
+                let high_pick = _mm256_set1_epi32(0x0D0C_0B0A);
+                let low = _mm256_srlv_epi32(_mm256_shuffle_epi8(raw, low_pick), _mm256_set_epi32(4, 4, 0, 0, 4, 4, 0, 0));
+                let high = _mm256_srlv_epi32(_mm256_shuffle_epi8(raw, high_pick), _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0));
+                let low = _mm256_and_si256(low, _mm256_set1_epi8(0x0F));
+                let high = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(0x03)), 4);
+                let scales = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
+                (
+                    _mm256_cvtepi8_epi16(_mm256_castsi256_si128(scales)),
+                    _mm256_cvtepi8_epi16(_mm256_extracti128_si256(scales, 1)),
+                )
+            }
+
+            /// A Q3_K block's `sumi` (as `q3_k_n`'s, for one token) from its start `offset` (−4·the
+            /// scales × group sums, per lane): `madd(maddubs(q, a), scale)` per 32 values 0..8,
+            /// `sc` the block's 16 scales as i16.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_block_sumi(b: *const u8, sc: __m256i, offset: __m256i, ab: &BlockQ8K) -> __m256i {
+                let (m3, bit2) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+                let hm = _mm256_loadu_si256(b as *const __m256i);
+                let mut sumi = offset;
+                for half in 0..2 {
+                    // Scales 8·half..8·half + 8 in both lanes.
+                    let sc_half = if half == 0 { _mm256_permute4x64_epi64(sc, 0x44) } else { _mm256_permute4x64_epi64(sc, 0xEE) };
+                    let mut q = _mm256_loadu_si256(b.add(32 + 32 * half) as *const __m256i);
+                    for s in 0..4 {
+                        // Scale 8·half + 2s (words 2s) for the first 16 values, the next one (words
+                        // 2s + 1) for the other 16.
+                        let k = 4 * s as i16;
+                        let word = |lo: i16| _mm_set1_epi16(((lo + 1) << 8) | lo);
+                        let pick = _mm256_set_m128i(word(k + 2), word(k));
+                        // Values 0..8: two bits of `qs` and the `hmask` bit 4·half + s as 4.
+                        let v = _mm256_or_si256(_mm256_and_si256(q, m3), _mm256_and_si256(q3k_high_at_bit2(hm, 4 * half + s), bit2));
+                        q = _mm256_srli_epi16(q, 2);
+                        let ay = ab.qs.as_ptr().add(128 * half + 32 * s);
+                        sumi = _mm256_add_epi32(sumi, scaled_dot(v, ay, _mm256_shuffle_epi8(sc_half, pick)));
+                    }
+                }
+                sumi
+            }
+
+            /// One token × every row of a group of Q3_K, two adjacent rows at a time (an odd last
+            /// row through `q3_k_n::<false, 1>`). Each output is bit for bit `q3_k_n::<false, 1>`'s:
+            /// every lane of a block's `sumi` starts at −4·(its pair of scale × group sums) and
+            /// adds the same `madd(maddubs(q, a), scale)` per 32 values (values 0..8), then
+            /// `acc = fma(d·d_a, sumi, acc)` per block and `hsum(acc)`. Cheaper per block: the 16
+            /// scales are widened to i16 once and each 32 values' pair is one in-lane `vpshufb`;
+            /// each high bit is moved to its place with one shift and one mask; the activation
+            /// loads, the −4·group sums and the f16 conversion serve both rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q3_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 110;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut scales = q3k_scales_pair(r0, r1);
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // Lanes 1 and 3: d0·d_a, d1·d_a (the f16 `d` ends the block).
+                        let dd = _mm_mul_ps(f16_quad(b0.add(106), b1.add(106)), _mm_set1_ps(ab.d));
+                        // Each row's 16 signed scales as i16; the next block's are unpacked while
+                        // this one runs (a long dependency chain).
+                        let (sc0, sc1) = scales;
+                        if i + 1 < nb {
+                            scales = q3k_scales_pair(b0.add(TS), b1.add(TS));
+                        }
+                        // −4 · Σ_g scale[g] · bsums[g]: the offset of every value, taken off up front.
+                        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                        let minus4_bs = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(bs, 2));
+                        // Written one row after the other: the two rows' registers do not fit together.
+                        let sumi0 = q3k_block_sumi(b0, sc0, _mm256_madd_epi16(sc0, minus4_bs), ab);
+                        let sumi1 = q3k_block_sumi(b1, sc1, _mm256_madd_epi16(sc1, minus4_bs), ab);
+                        acc0 = _mm256_fmadd_ps(splat_lane(dd, 1), _mm256_cvtepi32_ps(sumi0), acc0);
+                        acc1 = _mm256_fmadd_ps(splat_lane(dd, 3), _mm256_cvtepi32_ps(sumi1), acc1);
+                    }
+                    o[0] = hsum(acc0);
+                    o[1] = hsum(acc1);
+                }
+                if n % 2 == 1 {
+                    q3_k_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                }
+            }
+
             /// IQ4_XS × a tile of `N` Q8_K token rows (`WIDE`: in the order of ggml's tiled matmul).
             #[target_feature(enable = $features)]
             unsafe fn iq4_xs_n<const WIDE: bool, const N: usize>(row: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
@@ -1089,6 +1434,142 @@ macro_rules! x86_kernels {
                 }
                 for t in 0..N {
                     out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) };
+                }
+            }
+
+            /// The eight 6-bit sub-block scales of the IQ4_XS block at `b` (unbiased, 0..64), one
+            /// per byte, sub-block 0 in the low byte: nibble k of `scales_l` and 2-bit field k of
+            /// `scales_h` spread to byte k by shift-and-mask steps.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_xs_scale_bytes(b: *const u8) -> u64 {
+                let high = u16::from_le(std::ptr::read_unaligned(b.add(2) as *const u16)) as u64;
+                let low = u32::from_le(std::ptr::read_unaligned(b.add(4) as *const u32)) as u64;
+                let mut l = (low | (low << 16)) & 0x0000_FFFF_0000_FFFF;
+                l = (l | (l << 8)) & 0x00FF_00FF_00FF_00FF;
+                l = (l | (l << 4)) & 0x0F0F_0F0F_0F0F_0F0F;
+                let mut h = (high | (high << 24)) & 0x0000_00FF_0000_00FF;
+                h = (h | (h << 12)) & 0x000F_000F_000F_000F;
+                h = (h | (h << 6)) & 0x0303_0303_0303_0303;
+                l | (h << 4)
+            }
+
+            /// Dword `ib % 4` of each lane of `s03` (ib < 4) or `s47` in all four dwords of its lane.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_xs_pick_scale(s03: __m256i, s47: __m256i, ib: usize) -> __m256i {
+                match ib {
+                    0 => _mm256_shuffle_epi32(s03, 0x00),
+                    1 => _mm256_shuffle_epi32(s03, 0x55),
+                    2 => _mm256_shuffle_epi32(s03, 0xAA),
+                    3 => _mm256_shuffle_epi32(s03, 0xFF),
+                    4 => _mm256_shuffle_epi32(s47, 0x00),
+                    5 => _mm256_shuffle_epi32(s47, 0x55),
+                    6 => _mm256_shuffle_epi32(s47, 0xAA),
+                    _ => _mm256_shuffle_epi32(s47, 0xFF),
+                }
+            }
+
+            /// The sub-block scales − 32 of the IQ4_XS blocks at `b0` and `b1` (two rows), each
+            /// i16 doubled into an i32 so that one `vpshufd` broadcasts it: `[row 0 sub-blocks
+            /// 0..4 | row 1 sub-blocks 0..4]` and the same for sub-blocks 4..8 (one `vpshufb` each
+            /// from the two rows' scale bytes, zero-extending and doubling at once).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_xs_scales_pair(b0: *const u8, b1: *const u8) -> (__m256i, __m256i) {
+                let bytes = _mm_set_epi64x(iq4_xs_scale_bytes(b1) as i64, iq4_xs_scale_bytes(b0) as i64);
+                let bytes = _mm256_set_m128i(bytes, bytes);
+                // Dword k of lane r: [byte, 0, byte, 0] of row r's scale k (k + 4 for `s47`).
+                let pick = |k0: i32, k1: i32| {
+                    let dword = |k: i32| 0x8000_8000u32 as i32 | (k << 16) | k;
+                    _mm256_set_epi32(dword(k1 + 3), dword(k1 + 2), dword(k1 + 1), dword(k1), dword(k0 + 3), dword(k0 + 2), dword(k0 + 1), dword(k0))
+                };
+                let minus32 = _mm256_set1_epi16(32);
+                (
+                    _mm256_sub_epi16(_mm256_shuffle_epi8(bytes, pick(0, 8)), minus32),
+                    _mm256_sub_epi16(_mm256_shuffle_epi8(bytes, pick(4, 12)), minus32),
+                )
+            }
+
+            /// Most Q8_K activation blocks whose absolute values [`iq4_xs_gemv_rows`] keeps on the
+            /// stack (32 KiB: rows of up to 32768 values); wider rows take `iq4_xs_n`.
+            const MAX_ABS_BLOCKS: usize = 128;
+
+            /// One token × every row of a group of IQ4_XS, two adjacent rows at a time in the
+            /// "halves" layout of [`legacy_gemv_halves`] (an odd last row through
+            /// `iq4_xs_n::<false, 1>`). A sub-block's 16 bytes of both rows are unpacked together:
+            /// `lo` = [row 0 values 0..16 | row 1 values 0..16], `hi` = the values 16..32, dotted
+            /// with the matching 16 activations in both lanes as `maddubs(|a|, sign(L, a))`: the
+            /// same pair sums as `iq4_xs_n`'s `maddubs(|L|, sign(a, L))` (Q8_K values are in
+            /// −127..=127, so nothing wraps, and |a·L| ≤ 127² never saturates), with `|a|` computed
+            /// once per call; each weighted by `[row 0 scale | row 1 scale]`. Lanes 0..4 of a block's `lo` sum are row 0's
+            /// lanes 0..4 of `iq4_xs_n`'s `sumi`, lanes 0..4 of `hi` its lanes 4..8 (lanes 4..8:
+            /// row 1), so two lane permutes give each row's `sumi` exactly; then `acc =
+            /// fma(d·d_a, sumi, acc)` per block and `hsum(acc)`, bit for bit `iq4_xs_n::<false, 1>`.
+            /// All eight scales of both rows are unpacked at once, a block ahead (their bit
+            /// twiddling is a long dependency chain), and one `vpshufd` picks a sub-block's.
+            #[target_feature(enable = $features)]
+            unsafe fn iq4_xs_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 136;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                if nb > MAX_ABS_BLOCKS {
+                    for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(1)) {
+                        iq4_xs_n::<false, 1>(row, &[a], o);
+                    }
+                    return;
+                }
+                // |a| of every activation, in the layout of the blocks' `qs`.
+                let mut abs_qs = [const { std::mem::MaybeUninit::<[__m256i; 8]>::uninit() }; MAX_ABS_BLOCKS];
+                for (slot, ab) in abs_qs.iter_mut().zip(&a[..nb]) {
+                    slot.write(std::array::from_fn(|k| {
+                        _mm256_abs_epi8(_mm256_loadu_si256(ab.qs.as_ptr().add(32 * k) as *const __m256i))
+                    }));
+                }
+                let table = iq4nl_table();
+                let m4 = _mm256_set1_epi8(0x0F);
+                let broadcast = |p: *const i8| _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    let mut scales = iq4_xs_scales_pair(r0, r1);
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let abs = abs_qs.get_unchecked(i).as_ptr() as *const i8;
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // Lanes 0 and 2: d0·d_a, d1·d_a.
+                        let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
+                        let (s03, s47) = scales;
+                        if i + 1 < nb {
+                            scales = iq4_xs_scales_pair(b0.add(TS), b1.add(TS));
+                        }
+                        let (mut sum_lo, mut sum_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+                        for ib in 0..8 {
+                            let v = _mm256_set_m128i(
+                                _mm_loadu_si128(b1.add(8 + 16 * ib) as *const __m128i),
+                                _mm_loadu_si128(b0.add(8 + 16 * ib) as *const __m128i),
+                            );
+                            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
+                            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                            let ay = ab.qs.as_ptr().add(32 * ib);
+                            let s = iq4_xs_pick_scale(s03, s47, ib);
+                            let p_lo = _mm256_maddubs_epi16(broadcast(abs.add(32 * ib)), _mm256_sign_epi8(lo, broadcast(ay)));
+                            let p_hi = _mm256_maddubs_epi16(broadcast(abs.add(32 * ib + 16)), _mm256_sign_epi8(hi, broadcast(ay.add(16))));
+                            sum_lo = _mm256_add_epi32(sum_lo, _mm256_madd_epi16(p_lo, s));
+                            sum_hi = _mm256_add_epi32(sum_hi, _mm256_madd_epi16(p_hi, s));
+                        }
+                        let sumi0 = _mm256_permute2x128_si256(sum_lo, sum_hi, 0x20);
+                        let sumi1 = _mm256_permute2x128_si256(sum_lo, sum_hi, 0x31);
+                        acc0 = _mm256_fmadd_ps(splat_lane(dd, 0), _mm256_cvtepi32_ps(sumi0), acc0);
+                        acc1 = _mm256_fmadd_ps(splat_lane(dd, 2), _mm256_cvtepi32_ps(sumi1), acc1);
+                    }
+                    o[0] = hsum(acc0);
+                    o[1] = hsum(acc1);
+                }
+                if n % 2 == 1 {
+                    iq4_xs_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
                 }
             }
 
@@ -1243,6 +1724,17 @@ macro_rules! x86_kernels {
                     return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);
                 }
                 match t {
+                    // One token in the `vec_dot` order: two rows at a time.
+                    GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS if !WIDE && acts.len() == 1 => {
+                        // SAFETY: as in `tile!`: features checked by dispatch, slices by `checked`.
+                        unsafe {
+                            match t {
+                                GgmlType::Q2_K => q2_k_gemv_rows(rows, rb, acts[0], out),
+                                GgmlType::Q3_K => q3_k_gemv_rows(rows, rb, acts[0], out),
+                                _ => iq4_xs_gemv_rows(rows, rb, acts[0], out),
+                            }
+                        }
+                    }
                     GgmlType::Q2_K => tile!(q2_k_n, WIDE; rows, rb, acts, out),
                     GgmlType::Q3_K => tile!(q3_k_n, WIDE; rows, rb, acts, out),
                     GgmlType::Q4_K if acts.len() == 4 => {
