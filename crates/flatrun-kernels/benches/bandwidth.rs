@@ -10,13 +10,16 @@
 //! For every fused weight format the bench builds a matrix much larger than the
 //! last-level cache (32 MiB here) — Qwen2.5's 151936×896 output head for the formats whose
 //! blocks divide 896, a 32768×4096 matrix (two Llama-3-8B FFN projections stacked) for the
-//! 256-value K-quant blocks — and alternates, `--reps` times:
+//! 256-value K-quant blocks, and MLX affine 4/8-bit (`MLX4/g64`, `MLX8/g64`: groups of 64
+//! with bf16 scales and biases, mlx_lm's defaults) on the head shape — and alternates,
+//! `--reps` times:
 //!
 //! 1. **read bandwidth**: a 512 MiB buffer summed with 32-byte integer adds (four
 //!    independent accumulators, 128 bytes per step), the buffer cut into one contiguous
 //!    part per thread, as many threads as the GEMV's pool; the fastest of three passes;
 //! 2. **GEMV**: one token through `Kernels::matmul` on the native backend, the fastest of
-//!    three calls; GB/s counts the weight bytes (scales included) read once per call.
+//!    three calls; GB/s counts the weight bytes (scales, and MLX biases, included) read once
+//!    per call.
 //!
 //! Each repetition gives a fraction GEMV ÷ bandwidth; the table prints the median and
 //! [min–max] over repetitions of bandwidth, GEMV GB/s and the fraction. With one thread it
@@ -410,81 +413,171 @@ fn run_child(o: &Options, threads: usize) {
                 continue;
             }
         };
-        let x: Vec<f32> = (0..cols)
-            .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
-            .collect();
-        let mut out = vec![0f32; rows];
-        let gemv = |w: &Weight, out: &mut [f32]| {
-            k.matmul(w, black_box(&x), 1, out)
-                .expect("matmul of a well-formed weight")
-        };
-        gemv(&w, &mut out); // fault in, warm the pool
-                            // A "block" is the format's block, or 32 values of a float format.
+        // A "block" is the format's block, or 32 values of a float format.
         let block_values = t.block_size().max(32);
-        let block_bytes = block_values / t.block_size() * t.type_size();
-        let blocks = (rows * cols / block_values) as f64;
-        let (mut bws, mut gbs, mut fracs) = (vec![], vec![], vec![]);
-        let (mut bw_cpus, mut cycles, mut cpu_fracs) = (vec![], vec![], vec![]);
-        for _ in 0..o.reps {
-            let (bw, bw_cpu) = read_bandwidth(bw_buf.bytes(), threads);
-            let (wall, _) = fastest(3, || gemv(&w, &mut out));
-            let g = bytes_len as f64 / wall / 1e9;
-            bws.push(bw);
-            gbs.push(g);
-            fracs.push(g / bw);
-            if one {
-                // On-CPU: the fastest of three calls again, by the caller's CPU time.
-                let cpu = (0..3)
-                    .map(|_| {
-                        let c0 = thread_cpu_ns();
-                        gemv(&w, &mut out);
-                        (thread_cpu_ns() - c0) as f64 * 1e-9
-                    })
-                    .fold(f64::INFINITY, f64::min);
-                cycles.push(cpu * GHZ * 1e9 / blocks);
-                bw_cpus.push(bw_cpu);
-                cpu_fracs.push(bytes_len as f64 / cpu / 1e9 / bw_cpu);
+        let case = Case {
+            name: t.traits().name.to_string(),
+            w,
+            bytes: bytes_len,
+            block_values,
+            block_bytes: block_values / t.block_size() * t.type_size(),
+        };
+        measure_gemv(o, &k, threads, bw_buf.bytes(), &case);
+    }
+    // MLX affine 4- and 8-bit (groups of 64, bf16 scales and biases: mlx_lm's defaults) on the
+    // same head shape; the bytes read are the packed values, the scales and the biases.
+    for bits in [4u8, 8] {
+        let (rows, cols, group) = (151936, 896, 64);
+        let name = format!("MLX{bits}/g{group}");
+        if !o
+            .formats
+            .as_ref()
+            .is_none_or(|f| f.iter().any(|n| *n == name.to_ascii_uppercase()))
+        {
+            continue;
+        }
+        let data_len = rows * cols * bits as usize / 8;
+        let groups = rows * cols / group;
+        let mut data = Buffer::new(data_len, o.pages);
+        fill_random(data.bytes_mut(), 11);
+        let mut scales = Buffer::new(groups * 2, o.pages);
+        let mut biases = Buffer::new(groups * 2, o.pages);
+        for (c, v) in scales
+            .bytes_mut()
+            .chunks_exact_mut(2)
+            .map(|c| (c, 0.01f32))
+            .chain(
+                biases
+                    .bytes_mut()
+                    .chunks_exact_mut(2)
+                    .map(|c| (c, -0.05f32)),
+            )
+        {
+            c.copy_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+        }
+        let format = WeightFormat::MlxAffine {
+            bits,
+            group_size: group as u32,
+            scale_dtype: flatrun_format::DType::Ggml(GgmlType::BF16),
+        };
+        let w = match Weight::new(
+            format,
+            rows,
+            cols,
+            data.bytes(),
+            Some(scales.bytes()),
+            Some(biases.bytes()),
+        ) {
+            Ok(w) => w,
+            Err(e) => {
+                println!("| {name} | {rows}×{cols} | error: {e} |");
+                continue;
             }
-        }
-        let name = t.traits().name;
-        let mut line = format!(
-            "| {name} | {rows}×{cols} | {:.0} | {} | {} | {} |",
-            bytes_len as f64 / (1 << 20) as f64,
-            fmt3(median_min_max(&bws), 1),
-            fmt3(median_min_max(&gbs), 2),
-            fmt3(median_min_max(&fracs), 2),
-        );
-        if one {
-            // The first rows of the same matrix, about 192 KiB: they stay in the 512 KiB L2
-            // across calls.
-            let l2_rows = ((192 << 10) / w.row_bytes()).clamp(1, rows);
-            let resident = w.row_range(0..l2_rows).expect("rows inside the matrix");
-            let mut out_l2 = vec![0f32; l2_rows];
-            let reps = (300 << 20) / (l2_rows * w.row_bytes()).max(1);
-            let per_call: Vec<f64> = (0..3)
-                .map(|_| {
-                    let c0 = thread_cpu_ns();
-                    for _ in 0..reps {
-                        gemv(&resident, &mut out_l2);
-                    }
-                    (thread_cpu_ns() - c0) as f64 * 1e-9 / reps as f64
-                })
-                .collect();
-            let l2_blocks = blocks * l2_rows as f64 / rows as f64;
-            let l2_cycles: Vec<f64> = per_call.iter().map(|s| s * GHZ * 1e9 / l2_blocks).collect();
-            let budget = block_bytes as f64 / median_min_max(&bw_cpus).0 * GHZ;
-            line += &format!(
-                " {} | {} | {} | {budget:.2} |",
-                fmt3(median_min_max(&cpu_fracs), 2),
-                fmt3(median_min_max(&cycles), 2),
-                fmt3(median_min_max(&l2_cycles), 2)
-            );
-        }
-        println!("{line}");
+        };
+        let case = Case {
+            name,
+            w,
+            bytes: data_len + 4 * groups,
+            block_values: group,
+            block_bytes: group * bits as usize / 8 + 4,
+        };
+        measure_gemv(o, &k, threads, bw_buf.bytes(), &case);
     }
     if o.gemm {
         gemm_table(o, &k);
     }
+}
+
+/// One GEMV measurement: a weight far larger than the LLC, named, with the bytes one call
+/// reads and what a "block" of it is (for cycles per block).
+struct Case<'a> {
+    name: String,
+    w: Weight<'a>,
+    bytes: usize,
+    block_values: usize,
+    block_bytes: usize,
+}
+
+/// Print one table row for `case`: read bandwidth and GEMV alternating `o.reps` times; with
+/// one thread also on-CPU figures and an L2-resident slice.
+fn measure_gemv(o: &Options, k: &NativeKernels, threads: usize, bw: &[u8], case: &Case) {
+    let one = threads == 1;
+    let Case {
+        name,
+        w,
+        bytes: bytes_len,
+        block_values,
+        block_bytes,
+    } = case;
+    let (bytes_len, block_values, block_bytes) = (*bytes_len, *block_values, *block_bytes);
+    let (rows, cols) = (w.rows, w.cols);
+    let x: Vec<f32> = (0..cols)
+        .map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1)
+        .collect();
+    let mut out = vec![0f32; rows];
+    let gemv = |w: &Weight, out: &mut [f32]| {
+        k.matmul(w, black_box(&x), 1, out)
+            .expect("matmul of a well-formed weight")
+    };
+    gemv(w, &mut out); // fault in, warm the pool
+    let blocks = (rows * cols / block_values) as f64;
+    let (mut bws, mut gbs, mut fracs) = (vec![], vec![], vec![]);
+    let (mut bw_cpus, mut cycles, mut cpu_fracs) = (vec![], vec![], vec![]);
+    for _ in 0..o.reps {
+        let (bw, bw_cpu) = read_bandwidth(bw, threads);
+        let (wall, _) = fastest(3, || gemv(w, &mut out));
+        let g = bytes_len as f64 / wall / 1e9;
+        bws.push(bw);
+        gbs.push(g);
+        fracs.push(g / bw);
+        if one {
+            // On-CPU: the fastest of three calls again, by the caller's CPU time.
+            let cpu = (0..3)
+                .map(|_| {
+                    let c0 = thread_cpu_ns();
+                    gemv(w, &mut out);
+                    (thread_cpu_ns() - c0) as f64 * 1e-9
+                })
+                .fold(f64::INFINITY, f64::min);
+            cycles.push(cpu * GHZ * 1e9 / blocks);
+            bw_cpus.push(bw_cpu);
+            cpu_fracs.push(bytes_len as f64 / cpu / 1e9 / bw_cpu);
+        }
+    }
+    let mut line = format!(
+        "| {name} | {rows}×{cols} | {:.0} | {} | {} | {} |",
+        bytes_len as f64 / (1 << 20) as f64,
+        fmt3(median_min_max(&bws), 1),
+        fmt3(median_min_max(&gbs), 2),
+        fmt3(median_min_max(&fracs), 2),
+    );
+    if one {
+        // The first rows of the same matrix, about 192 KiB: they stay in the 512 KiB L2
+        // across calls.
+        let l2_rows = ((192 << 10) / w.row_bytes()).clamp(1, rows);
+        let resident = w.row_range(0..l2_rows).expect("rows inside the matrix");
+        let mut out_l2 = vec![0f32; l2_rows];
+        let reps = (300 << 20) / (l2_rows * w.row_bytes()).max(1);
+        let per_call: Vec<f64> = (0..3)
+            .map(|_| {
+                let c0 = thread_cpu_ns();
+                for _ in 0..reps {
+                    gemv(&resident, &mut out_l2);
+                }
+                (thread_cpu_ns() - c0) as f64 * 1e-9 / reps as f64
+            })
+            .collect();
+        let l2_blocks = blocks * l2_rows as f64 / rows as f64;
+        let l2_cycles: Vec<f64> = per_call.iter().map(|s| s * GHZ * 1e9 / l2_blocks).collect();
+        let budget = block_bytes as f64 / median_min_max(&bw_cpus).0 * GHZ;
+        line += &format!(
+            " {} | {} | {} | {budget:.2} |",
+            fmt3(median_min_max(&cpu_fracs), 2),
+            fmt3(median_min_max(&cycles), 2),
+            fmt3(median_min_max(&l2_cycles), 2)
+        );
+    }
+    println!("{line}");
 }
 
 /// GEMM (64 tokens) GFLOP/s on real shapes, and its time against 64 GEMVs.

@@ -262,3 +262,27 @@ pub fn memory_headroom() -> Option<u64> {
     }
     headroom
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn headroom_is_known_and_at_most_mem_available() {
+        let headroom = memory_headroom().expect("/proc/meminfo is readable on Linux");
+        let available: u64 = std::fs::read_to_string("/proc/meminfo")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemAvailable:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .map(|kib: u64| kib * 1024)
+            .unwrap();
+        // MemAvailable moves between the two reads; allow for that.
+        assert!(
+            headroom <= available + (64 << 20),
+            "{headroom} > {available}"
+        );
+        assert!(headroom > 0);
+    }
+}

@@ -585,7 +585,21 @@ mod tests {
             },
         ];
         assert_eq!(items[1].spans.len(), 2);
-        let mut r = StreamReader::start(vec![f.path().to_path_buf()], items, 1).expect("start");
+        // Around the page cache (O_DIRECT where allowed), then through it.
+        for page_cache in [false, true] {
+            read_items_cyclically(f.path(), items.clone(), &data, page_cache);
+        }
+    }
+
+    fn read_items_cyclically(
+        path: &std::path::Path,
+        items: Vec<StreamItem>,
+        data: &[u8],
+        page_cache: bool,
+    ) {
+        let mut r =
+            StreamReader::start(vec![path.to_path_buf()], items, 1, page_cache).expect("start");
+        assert_eq!(r.page_cache(), page_cache);
         for round in 0..3 {
             let a = r.acquire(0).expect("item 0");
             assert_eq!(a.bytes(0, 100, 50), Some(&data[100..150]));
