@@ -23,12 +23,17 @@ fn formats() -> impl Iterator<Item = GgmlType> {
 
 /// GEMV of every token equals, bit for bit, that token's column of a 3-token GEMM.
 fn gemv_bits_equal_gemm(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) {
+    let (bytes, x) = random_case(t, rows, cols, 3, rng);
+    bits_equal_gemm(t, rows, cols, &bytes, &x);
+}
+
+/// [`gemv_bits_equal_gemm`] on given weights and 3 tokens `x`.
+fn bits_equal_gemm(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], x: &[f32]) {
     let n = 3;
-    let (bytes, x) = random_case(t, rows, cols, n, rng);
-    let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None).unwrap();
+    let w = Weight::new(WeightFormat::Ggml(t), rows, cols, bytes, None, None).unwrap();
     for level in supported_levels() {
         let k = NativeKernels::new(level);
-        let gemm = matmul_with(&k, &w, &x, n);
+        let gemm = matmul_with(&k, &w, x, n);
         for tok in 0..n {
             let gemv = matmul_with(&k, &w, &x[tok * cols..(tok + 1) * cols], 1);
             for r in 0..rows {
@@ -79,4 +84,47 @@ fn kquant_gemv_keeps_the_vec_dot_float_order() {
     }
     // 129 blocks: more than the 128 activation blocks the IQ4_XS kernel keeps `|a|` of.
     gemv_bits_equal_gemm(GgmlType::IQ4_XS, 3, 129 * 256, &mut rng);
+}
+
+#[test]
+fn q3_k_gemv_keeps_the_order_at_extreme_values() {
+    // Every value 7 (all `qs` and `hmask` bits set) with every scale 31, or every value 0 with
+    // every scale −32, against activations at both ends of Q8_K's range (−128 and 127): the
+    // one-token kernel's products of 16·value (its high-nibble chunks) and its sums must
+    // neither saturate nor overflow. d = 2^-10 (f16 0x1400).
+    let (rows, cols) = (5, 1024);
+    let block = |fill: u8| {
+        let mut b = vec![fill; 110];
+        b[108..110].copy_from_slice(&0x1400u16.to_le_bytes());
+        b
+    };
+    let x: Vec<f32> = (0..3 * cols)
+        .map(|i| match (i / cols, i % 4) {
+            (0, 0 | 1) => -1.0,
+            (0, _) => 1.0,
+            (1, _) => -1.0,
+            _ => {
+                if i % 2 == 0 {
+                    1.0
+                } else {
+                    -0.5
+                }
+            }
+        })
+        .collect();
+    for fill in [0xFF, 0x00] {
+        let bytes: Vec<u8> = (0..rows * cols / 256).flat_map(|_| block(fill)).collect();
+        bits_equal_gemm(GgmlType::Q3_K, rows, cols, &bytes, &x);
+    }
+    // Blocks cycling through the two extremes and random blocks.
+    let mut rng = Rng(14);
+    let (random, _) = random_case(GgmlType::Q3_K, rows, cols, 1, &mut rng);
+    let bytes: Vec<u8> = (0..rows * cols / 256)
+        .flat_map(|k| match k % 3 {
+            0 => block(0xFF),
+            1 => block(0x00),
+            _ => random[k * 110..(k + 1) * 110].to_vec(),
+        })
+        .collect();
+    bits_equal_gemm(GgmlType::Q3_K, rows, cols, &bytes, &x);
 }

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check_levels, mlx_format, MlxTensor, Rng};
+use common::{check_levels, matmul_with, mlx_format, MlxTensor, Rng};
 use flatrun_format::GgmlType;
 use flatrun_kernels::native::quantize::{quantize_q8, BlockQ8};
 use flatrun_kernels::{
@@ -68,6 +68,50 @@ fn gemm_equals_gemv_bit_for_bit() {
                     &gemv[..],
                     "{bits}-bit g{group} {level} token {tok}"
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn gemv_keeps_the_per_row_float_order() {
+    // The one-token kernels stream two rows at a time (4-bit in the "halves" layout, 8-bit
+    // as pairs), but each output must be the bits of the token-tiled kernel that walks one
+    // row at a time: GEMV of each token equals its column of a 3-token GEMM, at every level,
+    // for every fused layout, biased and symmetric (8-bit: leftover bias exactly 0), on odd
+    // row counts (the last row takes the one-row kernel), one lone pair, and wide rows.
+    let mut rng = Rng(0x6E5F);
+    let n = 3;
+    for bits in [4u8, 8] {
+        for group in [32usize, 64, 128] {
+            for scale in SCALE_TYPES {
+                for symmetric in [false, true] {
+                    for (rows, cols) in
+                        [(37, 896), (7, 256), (5, 256), (2, 128), (1, 384), (3, 8576)]
+                    {
+                        let mlx =
+                            MlxTensor::random(bits, group, scale, rows, cols, symmetric, &mut rng);
+                        let w = mlx.weight();
+                        let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                        for level in supported_levels() {
+                            let k = NativeKernels::new(level);
+                            let gemm = matmul_with(&k, &w, &x, n);
+                            for tok in 0..n {
+                                let gemv = matmul_with(&k, &w, &x[tok * cols..(tok + 1) * cols], 1);
+                                for r in 0..rows {
+                                    let (a, b) = (gemm[tok * rows + r], gemv[r]);
+                                    assert_eq!(
+                                        a.to_bits(),
+                                        b.to_bits(),
+                                        "{} {level} symmetric {symmetric} {rows}x{cols}: \
+                                         token {tok} row {r}: GEMM {a} vs GEMV {b}",
+                                        w.format
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
             }
         }
     }

@@ -25,7 +25,9 @@
 //! The SIMD versions keep ggml's AVX2 lane structure (one 8-lane f32
 //! accumulator, `fmadd` of the block's scale product, the bias terms summed
 //! apart with an FMA each, one horizontal sum), so a converted Q4_1/Q8_0 row
-//! gives llama.cpp's numbers bit for bit at every x86 level; the scalar version
+//! gives llama.cpp's numbers bit for bit at every x86 level (the x86 one-token
+//! kernels take two rows at a time, every row's lanes still the same sums in the
+//! same order); the scalar version
 //! sums block by block like ggml's generic code. Groups must be whole multiples
 //! of 32 values (MLX's 32, 64 and 128); other widths and groups decode the row
 //! instead (see [`supports`]).
@@ -344,12 +346,58 @@ mod x86 {
         _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)
     }
 
+    thread_local! {
+        /// Per thread: the one-token activations with each block's even values first
+        /// (`gemv4_pairs`), reused across calls.
+        pub(super) static SPLIT_ACTS: std::cell::RefCell<Vec<[u8; 32]>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    /// The one-token kernels prefetch the packed values of a row pair like the legacy
+    /// formats' GEMV: one linear stream [`PREFETCH_AHEAD`] (4 KiB) ahead
+    /// (`native/x86.rs`, where the distance was measured). The hardware prefetcher alone
+    /// keeps too few lines in flight behind a kernel that spends several cycles per line.
+    pub(super) use crate::native::x86::{prefetch_linear, PREFETCH_AHEAD};
+
+    /// Prefetch (into L1) the line `ahead` bytes past `pos`. A hint only: it never faults,
+    /// and changes no value.
+    #[inline(always)]
+    fn prefetch(pos: *const u8, ahead: usize) {
+        // SAFETY: `prefetcht0` reads no architectural state and cannot fault, whatever the address.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(pos.wrapping_add(ahead) as *const i8) }
+    }
+
+    /// How far ahead of a row pair's scales (or biases) to prefetch them: as many rows ahead
+    /// as [`prefetch`] runs ahead in the values (`row_bytes` of values, `scale_row_bytes` of
+    /// scales per row).
+    pub(super) fn scales_ahead(row_bytes: usize, scale_row_bytes: usize) -> usize {
+        PREFETCH_AHEAD / row_bytes.max(1) * scale_row_bytes
+    }
+
+    /// Prefetch the scales and biases of the row pair starting at `scales`/`biases`
+    /// (`pair_bytes` each), `ahead` bytes on ([`scales_ahead`]): one line per 64 bytes of the
+    /// pair. Consecutive pairs' windows tile the arrays, so every line is asked for once.
+    /// A hint only, as [`prefetch`].
+    #[inline(always)]
+    pub(super) fn prefetch_scales(
+        scales: *const u8,
+        biases: *const u8,
+        pair_bytes: usize,
+        ahead: usize,
+    ) {
+        for k in 0..pair_bytes.div_ceil(64) {
+            prefetch(scales, ahead + 64 * k);
+            prefetch(biases, ahead + 64 * k);
+        }
+    }
+
     macro_rules! mlx_kernels {
         ($level:ident, $features:literal, $mul_sum:path) => {
             pub(crate) mod $level {
                 use std::arch::x86_64::*;
 
                 use super::super::{centre, rows_scalar, MlxLayout, MlxRowsData, ScaleKind};
+                use super::{prefetch_linear, prefetch_scales, scales_ahead, SPLIT_ACTS};
                 use crate::native::quantize::{BlockQ8, QK8};
 
                 /// Horizontal sum of 8 floats (ggml's `hsum_float_8` order).
@@ -358,6 +406,15 @@ mod x86 {
                 unsafe fn hsum(v: __m256) -> f32 {
                     let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
                     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                    _mm_cvtss_f32(s)
+                }
+
+                /// The last two steps of [`hsum`], on the four sums its first step makes.
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn hsum128(v: __m128) -> f32 {
+                    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
                     let s = _mm_add_ss(s, _mm_movehdup_ps(s));
                     _mm_cvtss_f32(s)
                 }
@@ -397,6 +454,42 @@ mod x86 {
                             *p.add(4 * g + 2),
                             *p.add(4 * g + 3),
                         ]),
+                    }
+                }
+
+                /// Scale and bias `g` of two rows (arrays at `s0`, `b0` and `s1`, `b1`) as
+                /// `[s0, b0, s1, b1]`: for 16-bit storage the four values in one zero-extending
+                /// 64-bit move, then one `vcvtph2ps` (f16) or one interleave with zeros (bf16 is
+                /// the top half of an f32).
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn pair_scales(
+                    kind: ScaleKind,
+                    [s0, b0, s1, b1]: [*const u8; 4],
+                    g: usize,
+                ) -> __m128 {
+                    let half = |p: *const u8| u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]) as u64;
+                    let single = |p: *const u8| scale_at(ScaleKind::F32, p, g);
+                    if kind == ScaleKind::F32 {
+                        return _mm_set_ps(single(b1), single(s1), single(b0), single(s0));
+                    }
+                    let bits = half(s0) | (half(b0) << 16) | (half(s1) << 32) | (half(b1) << 48);
+                    let v: __m128i;
+                    // SAFETY: `vmovq` only moves a general register into a vector register
+                    // (zeroing the rest); it touches no memory. Written as asm so LLVM cannot
+                    // build it from inserts that wait for the register's old contents.
+                    unsafe {
+                        std::arch::asm!(
+                            "vmovq {v}, {b}",
+                            v = lateout(xmm_reg) v,
+                            b = in(reg) bits,
+                            options(pure, nomem, nostack, preserves_flags)
+                        );
+                    }
+                    if kind == ScaleKind::F16 {
+                        _mm_cvtph_ps(v)
+                    } else {
+                        _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), v))
                     }
                 }
 
@@ -459,6 +552,202 @@ mod x86 {
                     }
                 }
 
+                /// Row `r`'s scales and biases and row `r + 1`'s, as [`pair_scales`] takes them.
+                #[inline(always)]
+                unsafe fn pair_scale_ptrs(rows: &MlxRowsData, r: usize) -> [*const u8; 4] {
+                    let sb = rows.scale_row_bytes;
+                    let (s0, b0) = (rows.scales.as_ptr().add(r * sb), rows.biases.as_ptr().add(r * sb));
+                    [s0, b0, s0.add(sb), b0.add(sb)]
+                }
+
+                /// The last row of an odd group through the token-tiled kernel.
+                #[inline(always)]
+                unsafe fn last_row<const BITS: u32>(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    let n = rows.n_rows();
+                    if n % 2 == 1 {
+                        let (data, scales, biases) = rows.row(n - 1);
+                        row_n::<BITS, 1>(layout, data, scales.as_ptr(), biases.as_ptr(), acts, &mut out[n - 1..n]);
+                    }
+                }
+
+                /// `a`'s first `n_blocks` blocks with each block's even values first: byte j
+                /// of `split[i]` is value 2j of block i and byte 16 + j its value 2j + 1 (the
+                /// order of an MLX row's low and high nibbles).
+                #[target_feature(enable = $features)]
+                unsafe fn split_even_odd(a: &[BlockQ8], n_blocks: usize, split: &mut Vec<[u8; 32]>) {
+                    split.clear();
+                    split.resize(n_blocks, [0; 32]);
+                    // Within each 128-bit lane: its even bytes, then its odd ones.
+                    let within = _mm256_setr_epi8(
+                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, //
+                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                    );
+                    for (dst, ab) in split.iter_mut().zip(a) {
+                        let v = _mm256_shuffle_epi8(_mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i), within);
+                        // [even 0..16 | odd 0..16 | even 16..32 | odd 16..32] → [even | odd].
+                        let v = _mm256_permute4x64_epi64(v, 0b11_01_10_00);
+                        _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, v);
+                    }
+                }
+
+                /// One token × every row of `rows`, 4-bit: two adjacent rows at a time, so one
+                /// nibble unpack, one scale conversion and one pair of FMAs serve both rows.
+                /// Each output stays bit for bit what `row_n::<4, 1>` gives (ggml's Q4_1
+                /// order), whose accumulator lane k sums `fma(s·d_a, Σq·a, ·)` over values
+                /// 4k..4k+4 of each block:
+                /// - a block's 16 bytes of row 0 go in the low 128 bits, row 1's in the high.
+                ///   Byte j holds values 2j (low nibble) and 2j+1, so `maddubs` of the low
+                ///   nibbles with the block's even activations gives `q₄ₖa₄ₖ + q₄ₖ₊₂a₄ₖ₊₂` in
+                ///   16-bit lane k, of the high nibbles with the odd activations the other
+                ///   two products of lane k: their sum is lane k's exact integer sum (at most
+                ///   4·15·127, no overflow), with no byte shuffle of the weights. The
+                ///   activations are split into even and odd values once per call;
+                /// - the even 16-bit lanes (sign-extended by `madd` with 1) feed the `even`
+                ///   accumulator, the odd ones (shifted down) the `odd` one: lane m of
+                ///   `even` is row 0's lane 2m (m < 4) or row 1's lane 2(m − 4), `odd` the
+                ///   lanes 2m + 1, each the same chain of FMAs as in `row_n`;
+                /// - at the end, interleaving `even` and `odd` gives each row's lanes 0..4
+                ///   and 4..8 back, whose sum is `hsum`'s first step; the bias terms are the
+                ///   same chain of FMAs (`b·s_a`, lanes 1 and 3 of `[s0, b0, s1, b1]`).
+                ///
+                /// An odd last row goes through `row_n`.
+                #[target_feature(enable = $features)]
+                unsafe fn gemv4_pairs(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    const BLOCK_BYTES: usize = QK8 / 2;
+                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
+                    let blocks_per_group = layout.group / QK8;
+                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
+                    let ahead = scales_ahead(rb, sb);
+                    let mut split = SPLIT_ACTS.with(|c| c.take());
+                    split_even_odd(acts.get_unchecked(0), rb / BLOCK_BYTES, &mut split);
+                    let a = split.as_ptr() as *const u8;
+                    let nibble = _mm256_set1_epi8(0x0F);
+                    let low_i16 = _mm256_set1_epi32(1);
+                    // Lane 0 (s0) of a product into lanes 0..4, lane 2 (s1) into lanes 4..8.
+                    let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+                    let q8 = acts.get_unchecked(0);
+                    for (pair, o) in out.chunks_exact_mut(2).take(rows.n_rows() / 2).enumerate() {
+                        let r0 = rows.data.as_ptr().add(2 * pair * rb);
+                        let r1 = r0.add(rb);
+                        let scales = pair_scale_ptrs(rows, 2 * pair);
+                        prefetch_scales(scales[0], scales[1], 2 * sb, ahead);
+                        let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        let mut bias_terms = _mm_setzero_ps();
+                        for g in 0..n_groups {
+                            // [s0, b0, s1, b1] of this group, converted once for its blocks.
+                            let sb4 = pair_scales(layout.scales, scales, g);
+                            for k in 0..blocks_per_group {
+                                let i = g * blocks_per_group + k;
+                                // The two rows are adjacent: one linear prefetch stream over the pair.
+                                prefetch_linear(r0.wrapping_add(2 * i * BLOCK_BYTES), 2 * BLOCK_BYTES);
+                                let ab = q8.get_unchecked(i);
+                                let a_even = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(32 * i) as *const __m128i));
+                                let a_odd = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(32 * i + 16) as *const __m128i));
+                                // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
+                                let v = _mm256_set_m128i(
+                                    _mm_loadu_si128(r1.add(i * BLOCK_BYTES) as *const __m128i),
+                                    _mm_loadu_si128(r0.add(i * BLOCK_BYTES) as *const __m128i),
+                                );
+                                let q_even = _mm256_and_si256(v, nibble);
+                                let q_odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                                // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
+                                let sums = _mm256_add_epi16(
+                                    _mm256_maddubs_epi16(q_even, a_even),
+                                    _mm256_maddubs_epi16(q_odd, a_odd),
+                                );
+                                let (p_even, p_odd) = (_mm256_madd_epi16(sums, low_i16), _mm256_srai_epi32(sums, 16));
+                                // [s0·d_a ×4 | s1·d_a ×4]: the same f32 products as `row_n`'s `s·d_a`.
+                                let scaled = _mm_mul_ps(sb4, _mm_set1_ps(ab.d));
+                                let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
+                                even = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_even), even);
+                                odd = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_odd), odd);
+                                // Lanes 1 and 3: `b·s_a` fused into each row's bias sum.
+                                bias_terms = _mm_fmadd_ps(sb4, _mm_set1_ps(ab.s), bias_terms);
+                            }
+                        }
+                        // Each row's lanes 0..4 and 4..8 back in order, and hsum's first step.
+                        let (first, second) = (_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd));
+                        let halves = _mm256_add_ps(first, second);
+                        let row0 = _mm256_castps256_ps128(halves);
+                        let row1 = _mm256_extractf128_ps(halves, 1);
+                        let bias0 = _mm_cvtss_f32(_mm_movehdup_ps(bias_terms));
+                        let bias1 = _mm_cvtss_f32(_mm_shuffle_ps(bias_terms, bias_terms, 3));
+                        o[0] = hsum128(row0) + bias0;
+                        o[1] = hsum128(row1) + bias1;
+                    }
+                    SPLIT_ACTS.with(|c| c.replace(split));
+                    last_row::<4>(layout, rows, acts, out);
+                }
+
+                /// One token × every row of `rows`, 8-bit: two adjacent rows at a time (one
+                /// activation load and one linear prefetch stream for both, two independent
+                /// FMA chains), each row exactly `row_n::<8, 1>`'s sums (Q8_0's order: values
+                /// centred to q − 128, the leftover bias `b + 128·s` apart). An odd last row
+                /// goes through `row_n`.
+                #[target_feature(enable = $features)]
+                unsafe fn gemv8_pairs(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    acts: &[&[BlockQ8]],
+                    out: &mut [f32],
+                ) {
+                    const BLOCK_BYTES: usize = QK8;
+                    let a = *acts.get_unchecked(0);
+                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
+                    let blocks_per_group = layout.group / QK8;
+                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
+                    let ahead = scales_ahead(rb, sb);
+                    let c = centre(8);
+                    let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
+                    for (pair, o) in out.chunks_exact_mut(2).take(rows.n_rows() / 2).enumerate() {
+                        let r0 = rows.data.as_ptr().add(2 * pair * rb);
+                        let r1 = r0.add(rb);
+                        let [s0p, b0p, s1p, b1p] = pair_scale_ptrs(rows, 2 * pair);
+                        prefetch_scales(s0p, b0p, 2 * sb, ahead);
+                        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                        let (mut bias0, mut bias1) = (0f32, 0f32);
+                        for g in 0..n_groups {
+                            let (s0, s1) = (scale_at(layout.scales, s0p, g), scale_at(layout.scales, s1p, g));
+                            // The bias left after centring (0 for a Q8_0 copy), as `row_n`.
+                            let rest0 = scale_at(layout.scales, b0p, g) + c as f32 * s0;
+                            let rest1 = scale_at(layout.scales, b1p, g) + c as f32 * s1;
+                            for k in 0..blocks_per_group {
+                                let i = g * blocks_per_group + k;
+                                // One linear prefetch stream over the pair (a line per block).
+                                prefetch_linear(r0.wrapping_add(2 * i * BLOCK_BYTES), 2 * BLOCK_BYTES);
+                                let ab = a.get_unchecked(i);
+                                let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                                // Signed values; |q| against sign-adjusted activations (ggml's trick).
+                                let q0 = _mm256_sub_epi8(_mm256_loadu_si256(r0.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
+                                let q1 = _mm256_sub_epi8(_mm256_loadu_si256(r1.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
+                                let p0 = $mul_sum(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(ay, q0));
+                                let p1 = $mul_sum(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(ay, q1));
+                                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0 * ab.d), _mm256_cvtepi32_ps(p0), acc0);
+                                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1 * ab.d), _mm256_cvtepi32_ps(p1), acc1);
+                                if rest0 != 0.0 {
+                                    bias0 = rest0.mul_add(ab.s, bias0);
+                                }
+                                if rest1 != 0.0 {
+                                    bias1 = rest1.mul_add(ab.s, bias1);
+                                }
+                            }
+                        }
+                        o[0] = hsum(acc0) + bias0;
+                        o[1] = hsum(acc1) + bias1;
+                    }
+                    last_row::<8>(layout, rows, acts, out);
+                }
+
                 /// Every row of `rows` × the tile, `BITS` fixed.
                 #[target_feature(enable = $features)]
                 unsafe fn rows_bits<const BITS: u32, const N: usize>(
@@ -495,7 +784,14 @@ mod x86 {
                     // dispatch handed this function out), and `fits` proved every row holds
                     // whole groups with their scales and biases, every activation row holds
                     // a Q8 block per 32 values, and `out` a value per row and token.
-                    unsafe { by_bits_and_tile!(rows_bits; layout, rows, acts, out) }
+                    unsafe {
+                        match (layout.bits, acts.len()) {
+                            // One token: two rows at a time, for memory bandwidth.
+                            (4, 1) => gemv4_pairs(layout, rows, acts, out),
+                            (8, 1) => gemv8_pairs(layout, rows, acts, out),
+                            _ => by_bits_and_tile!(rows_bits; layout, rows, acts, out),
+                        }
+                    }
                 }
             }
         };

@@ -36,13 +36,13 @@ unsafe fn mul_sum_vnni(ax: __m256i, sy: __m256i) -> __m256i {
 /// huge pages, load 3): no software prefetch 5.3 GB/s, one prefetch per row per block (two
 /// interleaved streams) 8.2–8.6 GB/s, one linear stream 4 KiB ahead 12.8–13.1 GB/s, against
 /// 13–14.7 GB/s of plain reads (`docs/performance.md`, session 4).
-const PREFETCH_AHEAD: usize = 4096;
+pub(crate) const PREFETCH_AHEAD: usize = 4096;
 
 /// Prefetch (into L1) the weight bytes `PREFETCH_AHEAD` past `pos`, for a kernel that reads
 /// `step` bytes per iteration in one linear sweep: one line per iteration, two when an
 /// iteration eats more than a line. A hint only: it never faults, and changes no value.
 #[inline(always)]
-fn prefetch_linear(pos: *const u8, step: usize) {
+pub(crate) fn prefetch_linear(pos: *const u8, step: usize) {
     let ahead = pos.wrapping_add(PREFETCH_AHEAD);
     // SAFETY: `prefetcht0` reads no architectural state and cannot fault, whatever the address.
     unsafe {
@@ -1278,96 +1278,183 @@ macro_rules! x86_kernels {
                 _mm_sub_epi8(v, _mm_set1_epi8(32))
             }
 
-            /// Bit `j` (0..8) of every byte of a Q3_K `hmask` moved to bit 2 (other bits unmasked):
-            /// 16-bit shifts that never carry a neighbouring byte's bit into bit 2.
+            /// A `vpshufb` table (in both lanes) over a Q3_K half block's `hmask` nibble (bit s:
+            /// the high bit of the half's 32-value chunk s): bit `first` of the nibble to bit 2,
+            /// bit `first + 2` to bit 6 — the high bits of chunks `first` and `first + 2` just above
+            /// their two low bits when those sit at bits 0..2 and 4..6 of a byte.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q3k_high_at_bit2(hm: __m256i, j: usize) -> __m256i {
-                match j {
-                    0 => _mm256_slli_epi16(hm, 2),
-                    1 => _mm256_slli_epi16(hm, 1),
-                    2 => hm,
-                    3 => _mm256_srli_epi16(hm, 1),
-                    4 => _mm256_srli_epi16(hm, 2),
-                    5 => _mm256_srli_epi16(hm, 3),
-                    6 => _mm256_srli_epi16(hm, 4),
-                    _ => _mm256_srli_epi16(hm, 5),
+            unsafe fn q3k_high_bits_table(first: usize) -> __m256i {
+                let mut table = [0u8; 16];
+                for (nibble, entry) in table.iter_mut().enumerate() {
+                    *entry = ((((nibble >> first) & 1) << 2) | (((nibble >> (first + 2)) & 1) << 6)) as u8;
                 }
+                _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr() as *const __m128i))
             }
 
-            /// The 16 signed scales (−32 offset removed) of the Q3_K blocks at `b0` and `b1`, as
-            /// i16: the values of [`q3k_scales_vec`], unpacked for both rows at once in vector
-            /// registers. The 12 scale bytes `s` are bytes 96..108 of a block (loaded from byte 94,
-            /// inside the block); scale j takes its low 4 bits from `s[j % 8]` (the high nibble for
-            /// j ≥ 8) and its top 2 bits from bits 2·(j / 4) of `s[8 + j % 4]`, so one `vpshufb`
-            /// and one per-dword shift place each part.
+            /// The 32-byte `vpshufb` patterns of the one-token Q3_K kernel, read as memory operands
+            /// (see [`shuffle_bytes_at`]).
+            #[repr(C, align(32))]
+            struct Q3kPatterns {
+                /// Word c of each lane (c = 0..8): chunk c's pair of scales from the scales by
+                /// parity (see [`q3k_block_sumi`]).
+                chunk_scales: [[u8; 32]; 8],
+                /// Byte j of each lane ← the scale byte holding the low 4 bits of scale j
+                /// (`s[j % 8]`, at 2 + j % 8 of a load from block byte 94), and the one holding its
+                /// top 2 bits (`s[8 + j % 4]`, at 10 + j % 4); see [`q3k_scales_pair`].
+                scale_low_bytes: [u8; 32],
+                scale_high_bytes: [u8; 32],
+            }
+            static Q3K_PATTERNS: Q3kPatterns = {
+                let mut p = Q3kPatterns { chunk_scales: [[0; 32]; 8], scale_low_bytes: [0; 32], scale_high_bytes: [0; 32] };
+                let mut k = 0;
+                while k < 32 {
+                    let mut c = 0;
+                    while c < 8 {
+                        p.chunk_scales[c][k] = (2 * c + k % 2) as u8;
+                        c += 1;
+                    }
+                    p.scale_low_bytes[k] = (2 + k % 8) as u8;
+                    p.scale_high_bytes[k] = (10 + k % 4) as u8;
+                    k += 1;
+                }
+                p
+            };
+
+            /// The 16 signed scales (−32 offset removed) of the Q3_K blocks at `b0` and `b1` as
+            /// bytes, row 0's in the low lane and row 1's in the high lane: the values of
+            /// [`q3k_scales_vec`], unpacked for both rows at once in vector registers. The 12
+            /// scale bytes `s` are bytes 96..108 of a block (loaded from byte 94, inside the
+            /// block); scale j takes its low 4 bits from `s[j % 8]` (the high nibble for j ≥ 8)
+            /// and its top 2 bits from bits 2·(j / 4) of `s[8 + j % 4]`, so one `vpshufb` and one
+            /// per-dword shift place each part (both shuffles as asm: LLVM splits one of them in two).
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q3k_scales_pair(b0: *const u8, b1: *const u8) -> (__m256i, __m256i) {
+            unsafe fn q3k_scales_pair(b0: *const u8, b1: *const u8) -> __m256i {
                 let raw = _mm256_set_m128i(
                     _mm_loadu_si128(b1.add(94) as *const __m128i),
                     _mm_loadu_si128(b0.add(94) as *const __m128i),
                 );
-                // Bytes j of each lane: s[j % 8] (at 2 + j % 8), and s[8 + j % 4] (at 10 + j % 4).
-                let low_pick = _mm256_set1_epi64x(0x0908_0706_0504_0302);
-                let high_pick = _mm256_set1_epi32(0x0D0C_0B0A);
-                let low = _mm256_srlv_epi32(_mm256_shuffle_epi8(raw, low_pick), _mm256_set_epi32(4, 4, 0, 0, 4, 4, 0, 0));
-                let high = _mm256_srlv_epi32(_mm256_shuffle_epi8(raw, high_pick), _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0));
+                // Bytes j of each lane: s[j % 8] and s[8 + j % 4], shifted to put scale j's bits lowest.
+                let low = shuffle_bytes_at(raw, Q3K_PATTERNS.scale_low_bytes.as_ptr());
+                let high = shuffle_bytes_at(raw, Q3K_PATTERNS.scale_high_bytes.as_ptr());
+                let low = _mm256_srlv_epi32(low, _mm256_set_epi32(4, 4, 0, 0, 4, 4, 0, 0));
+                let high = _mm256_srlv_epi32(high, _mm256_set_epi32(6, 4, 2, 0, 6, 4, 2, 0));
                 let low = _mm256_and_si256(low, _mm256_set1_epi8(0x0F));
                 let high = _mm256_slli_epi16(_mm256_and_si256(high, _mm256_set1_epi8(0x03)), 4);
-                let scales = _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32));
-                (
-                    _mm256_cvtepi8_epi16(_mm256_castsi256_si128(scales)),
-                    _mm256_cvtepi8_epi16(_mm256_extracti128_si256(scales, 1)),
-                )
+                _mm256_sub_epi8(_mm256_or_si256(low, high), _mm256_set1_epi8(32))
             }
 
-            /// A Q3_K block's `sumi` (as `q3_k_n`'s, for one token) from its start `offset` (−4·the
-            /// scales × group sums, per lane): `madd(maddubs(q, a), scale)` per 32 values 0..8,
-            /// `sc` the block's 16 scales as i16.
+            /// `vpshufb` of `x` by the 32 bytes at `pick`, as asm with a memory operand: LLVM
+            /// would load a repeating pattern with a broadcast (a shuffle µop of its own) or split
+            /// the shuffle into two word shuffles.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q3k_block_sumi(b: *const u8, sc: __m256i, offset: __m256i, ab: &BlockQ8K) -> __m256i {
-                let (m3, bit2) = (_mm256_set1_epi8(3), _mm256_set1_epi8(4));
+            unsafe fn shuffle_bytes_at(x: __m256i, pick: *const u8) -> __m256i {
+                let y: __m256i;
+                // SAFETY: `vpshufb` reads the 32 bytes at `pick` (the caller guarantees them) and
+                // writes only a vector register (AVX2, enabled here).
+                unsafe {
+                    std::arch::asm!(
+                        "vpshufb {y}, {x}, ymmword ptr [{p}]",
+                        y = lateout(ymm_reg) y,
+                        x = in(ymm_reg) x,
+                        p = in(reg) pick,
+                        options(pure, readonly, nostack, preserves_flags)
+                    );
+                }
+                y
+            }
+
+            /// `madd(maddubs(q, the 32 bytes at a), sc)`, the activations a memory operand of the
+            /// `maddubs` (as asm): when two rows meet the same activations, LLVM would otherwise
+            /// load them once into registers and spill them to the stack for the second row.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn scaled_dot_at(q: __m256i, a: *const i8, sc: __m256i) -> __m256i {
+                let products: __m256i;
+                // SAFETY: `vpmaddubsw` reads the 32 bytes at `a` (the caller guarantees them) and
+                // writes only a vector register (AVX2, enabled here).
+                unsafe {
+                    std::arch::asm!(
+                        "vpmaddubsw {y}, {q}, ymmword ptr [{a}]",
+                        y = lateout(ymm_reg) products,
+                        q = in(ymm_reg) q,
+                        a = in(reg) a,
+                        options(pure, readonly, nostack, preserves_flags)
+                    );
+                }
+                _mm256_madd_epi16(products, sc)
+            }
+
+            /// A Q3_K block's `sumi` for one token, the same i32 in each of the 8 lanes as
+            /// `q3_k_n`'s: `offset` (each lane's −4·Σ scale·group sum) plus `madd(maddubs(q, a),
+            /// scales)` of every 32 values 0..8 (integer sums: their grouping does not matter).
+            /// `by_parity`: the block's scales as i16, the even ones in the low lane and the odd
+            /// ones in the high lane, so chunk c's pair (2c for its first 16 values, 2c + 1 for
+            /// the rest) is one `vpshufb` of word c. `high_tables`: [`q3k_high_bits_table`] 0 and 1.
+            ///
+            /// The values are unpacked two chunks at a time: chunks s and s + 2 of a half (s = 0,
+            /// 1) take their low bits from bits 2s..2s+2 and 2s+4..2s+6 of `qs` with one mask, and
+            /// their high bits from one `vpshufb` of the half's `hmask` nibble into bits 2 and 6,
+            /// so one byte holds chunk s's value in its low nibble and chunk s + 2's in its high
+            /// nibble. The high nibble is used in place, as 16·value (≤ 112: `maddubs` cannot
+            /// saturate), into a second sum that is divided by 16, exactly, at the end.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q3k_block_sumi(
+                b: *const u8,
+                by_parity: __m256i,
+                offset: __m256i,
+                ab: &BlockQ8K,
+                high_tables: [__m256i; 2],
+            ) -> __m256i {
+                let (low2, low_nibble) = (_mm256_set1_epi8(0x33), _mm256_set1_epi8(0x0F));
                 let hm = _mm256_loadu_si256(b as *const __m256i);
-                let mut sumi = offset;
+                // Σ over the chunks whose values are used as is (from `offset`), and 16·Σ over the rest.
+                let (mut sum, mut sum16) = (offset, _mm256_setzero_si256());
                 for half in 0..2 {
-                    // Scales 8·half..8·half + 8 in both lanes.
-                    let sc_half = if half == 0 { _mm256_permute4x64_epi64(sc, 0x44) } else { _mm256_permute4x64_epi64(sc, 0xEE) };
-                    let mut q = _mm256_loadu_si256(b.add(32 + 32 * half) as *const __m256i);
-                    for s in 0..4 {
-                        // Scale 8·half + 2s (words 2s) for the first 16 values, the next one (words
-                        // 2s + 1) for the other 16.
-                        let k = 4 * s as i16;
-                        let word = |lo: i16| _mm_set1_epi16(((lo + 1) << 8) | lo);
-                        let pick = _mm256_set_m128i(word(k + 2), word(k));
-                        // Values 0..8: two bits of `qs` and the `hmask` bit 4·half + s as 4.
-                        let v = _mm256_or_si256(_mm256_and_si256(q, m3), _mm256_and_si256(q3k_high_at_bit2(hm, 4 * half + s), bit2));
-                        q = _mm256_srli_epi16(q, 2);
-                        let ay = ab.qs.as_ptr().add(128 * half + 32 * s);
-                        sumi = _mm256_add_epi32(sumi, scaled_dot(v, ay, _mm256_shuffle_epi8(sc_half, pick)));
+                    let q = _mm256_loadu_si256(b.add(32 + 32 * half) as *const __m256i);
+                    // The half's `hmask` nibble: bit s is the high bit of its chunk s.
+                    let nibble = _mm256_and_si256(if half == 0 { hm } else { _mm256_srli_epi16(hm, 4) }, low_nibble);
+                    for s in 0..2 {
+                        // Chunk s in the low nibble, chunk s + 2 in the high nibble.
+                        let low_bits = if s == 0 { q } else { _mm256_srli_epi16(q, 2) };
+                        let both = _mm256_or_si256(_mm256_and_si256(low_bits, low2), _mm256_shuffle_epi8(high_tables[s], nibble));
+                        let value = _mm256_and_si256(both, low_nibble);
+                        let value16 = _mm256_xor_si256(both, value);
+                        let c = 4 * half + s;
+                        let (ay, ay2) = (ab.qs.as_ptr().add(32 * c), ab.qs.as_ptr().add(32 * (c + 2)));
+                        let (sc, sc2) = (
+                            shuffle_bytes_at(by_parity, Q3K_PATTERNS.chunk_scales[c].as_ptr()),
+                            shuffle_bytes_at(by_parity, Q3K_PATTERNS.chunk_scales[c + 2].as_ptr()),
+                        );
+                        sum = _mm256_add_epi32(sum, scaled_dot_at(value, ay, sc));
+                        sum16 = _mm256_add_epi32(sum16, scaled_dot_at(value16, ay2, sc2));
                     }
                 }
-                sumi
+                _mm256_add_epi32(sum, _mm256_srai_epi32(sum16, 4))
             }
 
             /// One token × every row of a group of Q3_K, two adjacent rows at a time (an odd last
             /// row through `q3_k_n::<false, 1>`). Each output is bit for bit `q3_k_n::<false, 1>`'s:
-            /// every lane of a block's `sumi` starts at −4·(its pair of scale × group sums) and
-            /// adds the same `madd(maddubs(q, a), scale)` per 32 values (values 0..8), then
-            /// `acc = fma(d·d_a, sumi, acc)` per block and `hsum(acc)`. Cheaper per block: the 16
-            /// scales are widened to i16 once and each 32 values' pair is one in-lane `vpshufb`;
-            /// each high bit is moved to its place with one shift and one mask; the activation
-            /// loads, the −4·group sums and the f16 conversion serve both rows.
+            /// every lane of a block's `sumi` holds the same integer — −4·(its pair of scale ×
+            /// group sums) plus `madd(maddubs(q, a), scale)` over the block's chunks of 32 values
+            /// 0..8 — then `acc = fma(d·d_a, sumi, acc)` per block and `hsum(acc)`. Cheaper per
+            /// block: the 16 scales of both rows are unpacked together and each chunk's pair is
+            /// one in-lane `vpshufb`; two chunks' values are unpacked at once (see
+            /// [`q3k_block_sumi`]); the −4·group sums and the f16 conversion serve both rows.
             #[target_feature(enable = $features)]
             unsafe fn q3_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
                 const TS: usize = 110;
                 let n = rows.len() / rb;
                 let nb = rb / TS;
+                let high_tables = [q3k_high_bits_table(0), q3k_high_bits_table(1)];
+                // Scale bytes 0, 2, .., 14, then 1, 3, .., 15 (in each lane).
+                let parity_order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
                 for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
                     let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
                     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                    let mut scales = q3k_scales_pair(r0, r1);
                     for i in 0..nb {
                         // One linear prefetch stream over the pair (see `legacy_gemv2`).
                         super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
@@ -1375,18 +1462,20 @@ macro_rules! x86_kernels {
                         let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
                         // Lanes 1 and 3: d0·d_a, d1·d_a (the f16 `d` ends the block).
                         let dd = _mm_mul_ps(f16_quad(b0.add(106), b1.add(106)), _mm_set1_ps(ab.d));
-                        // Each row's 16 signed scales as i16; the next block's are unpacked while
-                        // this one runs (a long dependency chain).
-                        let (sc0, sc1) = scales;
-                        if i + 1 < nb {
-                            scales = q3k_scales_pair(b0.add(TS), b1.add(TS));
-                        }
-                        // −4 · Σ_g scale[g] · bsums[g]: the offset of every value, taken off up front.
+                        // Both rows' 16 signed scales (row 0 in the low lane).
+                        let scales = q3k_scales_pair(b0, b1);
+                        // −4 · Σ_g scale[g] · bsums[g] per lane (scales in their own order): the
+                        // offset of every value, taken off up front.
                         let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
                         let minus4_bs = _mm256_sub_epi16(_mm256_setzero_si256(), _mm256_slli_epi16(bs, 2));
-                        // Written one row after the other: the two rows' registers do not fit together.
-                        let sumi0 = q3k_block_sumi(b0, sc0, _mm256_madd_epi16(sc0, minus4_bs), ab);
-                        let sumi1 = q3k_block_sumi(b1, sc1, _mm256_madd_epi16(sc1, minus4_bs), ab);
+                        let offset0 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_castsi256_si128(scales)), minus4_bs);
+                        let offset1 = _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm256_extracti128_si256(scales, 1)), minus4_bs);
+                        // Even scales then odd ones, as i16, for the chunks' scale pairs.
+                        let by_parity = _mm256_shuffle_epi8(scales, parity_order);
+                        let parity0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(by_parity));
+                        let parity1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(by_parity, 1));
+                        let sumi0 = q3k_block_sumi(b0, parity0, offset0, ab, high_tables);
+                        let sumi1 = q3k_block_sumi(b1, parity1, offset1, ab, high_tables);
                         acc0 = _mm256_fmadd_ps(splat_lane(dd, 1), _mm256_cvtepi32_ps(sumi0), acc0);
                         acc1 = _mm256_fmadd_ps(splat_lane(dd, 3), _mm256_cvtepi32_ps(sumi1), acc1);
                     }
