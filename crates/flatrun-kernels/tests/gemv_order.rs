@@ -1,9 +1,10 @@
 //! The one-token (GEMV) kernels of the legacy and float formats stream two rows at a time
 //! (`legacy_gemv_halves`, `legacy_gemv2`, `float_gemv2` in `native/x86.rs`) for memory
 //! bandwidth, but each output must keep ggml's per-output float order: the same bits as the
-//! token-tiled kernel that walks one row at a time. The Q2_K, Q3_K and IQ4_XS one-token kernels
-//! (`q2_k_gemv_rows`, `q3_k_gemv_rows`, `iq4_xs_gemv_rows`) likewise take two rows at a time and
-//! must give the bits of `*_n::<false, N>` (ggml's `vec_dot` order). Checked bit for bit at every SIMD level,
+//! token-tiled kernel that walks one row at a time. The K-quant and IQ4_XS one-token kernels
+//! (`q2_k_gemv_rows` … `q6_k_gemv_rows`, `iq4_xs_gemv_rows`) likewise take two rows at a time
+//! and must give the bits of the single-row kernels (`*_n::<false, N>`, ggml's `vec_dot` order;
+//! Q4_K: `q4_k_n::<N>`, ggml's repacked GEMV order). Checked bit for bit at every SIMD level,
 //! on odd row counts (the last row of a group takes the single-row kernel), rows wide enough
 //! for several pool chunks, and rows wider than the kernels' stack table of activation sums.
 
@@ -75,7 +76,14 @@ fn gemv_of_rows_wider_than_the_offset_table_keeps_the_order() {
 #[test]
 fn kquant_gemv_keeps_the_vec_dot_float_order() {
     let mut rng = Rng(13);
-    for t in [GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::IQ4_XS] {
+    for t in [
+        GgmlType::Q2_K,
+        GgmlType::Q3_K,
+        GgmlType::Q4_K,
+        GgmlType::Q5_K,
+        GgmlType::Q6_K,
+        GgmlType::IQ4_XS,
+    ] {
         // 37 rows: pool chunks of 16 and an odd tail; 4096 columns = 16 blocks.
         gemv_bits_equal_gemm(t, 37, 4096, &mut rng);
         gemv_bits_equal_gemm(t, 5, 256, &mut rng);

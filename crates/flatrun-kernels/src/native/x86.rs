@@ -913,6 +913,115 @@ macro_rules! x86_kernels {
                 _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
             }
 
+            /// The scales and mins of the Q4_K/Q5_K blocks at `b0` and `b1`, as [`k4_scales_mins`]
+            /// gives them per block, unpacked for both rows at once in one vector (row 0 in the
+            /// low lane): the same whole-word masks on the words `w0, w1, w2` of the 12 scale
+            /// bytes, each lane computing `[sc_lo, sc_hi, mn_lo, mn_hi]` (as 4 bytes each).
+            /// Returns each row's scales as i16 in both lanes, and both rows' mins as i16
+            /// (row 0's in the low lane).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn k4_scales_mins_pair(b0: *const u8, b1: *const u8) -> ([__m256i; 2], __m256i) {
+                // Bytes 4..20 of each block: the 12 scale bytes (w0, w1, w2) and 4 bytes not used.
+                let raw = _mm256_set_m128i(
+                    _mm_loadu_si128(b1.add(4) as *const __m128i),
+                    _mm_loadu_si128(b0.add(4) as *const __m128i),
+                );
+                // [w0, w2, w1, w2] and [w0, w0, w1, w1].
+                let low_words = _mm256_shuffle_epi32(raw, 0b10_01_10_00);
+                let top_words = _mm256_shuffle_epi32(raw, 0b01_01_00_00);
+                // Low bits: w0 & LOW6, w2 & LOW4, w1 & LOW6, (w2 >> 4) & LOW4.
+                const LOW6: i32 = 0x3f3f_3f3f;
+                const LOW4: i32 = 0x0f0f_0f0f;
+                let low = _mm256_and_si256(
+                    _mm256_srlv_epi32(low_words, _mm256_setr_epi32(0, 0, 0, 4, 0, 0, 0, 4)),
+                    _mm256_setr_epi32(LOW6, LOW4, LOW6, LOW4, LOW6, LOW4, LOW6, LOW4),
+                );
+                // Top 2 bits of scales/mins 4..8: bits 6..8 of bytes 0..8 moved to bits 4..6
+                // (`((w >> 6) & 0x03) << 4` per byte).
+                let top = _mm256_and_si256(
+                    _mm256_srli_epi32(top_words, 2),
+                    _mm256_setr_epi32(0, 0x3030_3030, 0, 0x3030_3030, 0, 0x3030_3030, 0, 0x3030_3030),
+                );
+                let bytes = _mm256_or_si256(low, top);
+                // Row r: bytes 0..8 of its lane are its scales, bytes 8..16 its mins.
+                let sc0 = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(bytes));
+                let sc1 = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(bytes, 1));
+                let scales = [_mm256_permute2x128_si256(sc0, sc0, 0x00), _mm256_permute2x128_si256(sc1, sc1, 0x00)];
+                (scales, _mm256_permute2x128_si256(sc0, sc1, 0x31))
+            }
+
+            /// A Q4_K block's 8-lane integer scale sum for one token: `madd(maddubs(q, a), scale)`
+            /// of its eight runs of 32 values (the low nibbles of each 32 bytes with scale 2c, the
+            /// high nibbles with 2c + 1), the activations read as memory operands so two rows
+            /// can share them without a spill. Only the lane total is used (exact in i32).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q4k_block_sumi(b: *const u8, scales: __m256i, ab: &BlockQ8K) -> __m256i {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut sum = _mm256_setzero_si256();
+                for c in 0..4 {
+                    let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
+                    let lo = _mm256_and_si256(q, m4);
+                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    let ay = ab.qs.as_ptr().add(64 * c);
+                    let dot_lo = scaled_dot_at(lo, ay, k4_scale(scales, 2 * c));
+                    let dot_hi = scaled_dot_at(hi, ay.add(32), k4_scale(scales, 2 * c + 1));
+                    sum = _mm256_add_epi32(sum, _mm256_add_epi32(dot_lo, dot_hi));
+                }
+                sum
+            }
+
+            /// One token × every row of a group of Q4_K, two adjacent rows at a time (an odd last
+            /// row through `q4_k_n::<1>`). Each output is bit for bit `q4_k_n::<1>`'s (ggml's
+            /// repacked GEMV order): per block, the exact integer scale sum `Σ scale·q·a` and min
+            /// sum `Σ min·bsum` of each row, then `acc = fma(sum, d·d_a, acc)` and
+            /// `acc_m = fma(min sum, dmin·d_a, acc_m)`, and at the end `acc − acc_m`. The four
+            /// chains (two rows × scale and min) are the four lanes of one vector, so a block
+            /// costs one f16 conversion, one multiply by `d_a` and one FMA for both rows; the
+            /// activation loads and their pairwise group sums serve both rows, and the two rows'
+            /// eight lane sums and mins are reduced together.
+            #[target_feature(enable = $features)]
+            unsafe fn q4_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 144;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    // Lanes: row 0's scale chain, row 0's min chain, row 1's scale chain, row 1's min chain.
+                    let mut acc = _mm_setzero_ps();
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // [d0·d_a, dmin0·d_a, d1·d_a, dmin1·d_a]: the f32 products of `q4_k_n`.
+                        let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
+                        let ([sc0, sc1], mn) = k4_scales_mins_pair(b0, b1);
+                        // Scale sums, 8 lanes per row.
+                        let sum0 = q4k_block_sumi(b0, sc0, ab);
+                        let sum1 = q4k_block_sumi(b1, sc1, ab);
+                        // Min sums: the activations' pairwise group sums against each row's mins
+                        // (row 0 in the low lane, row 1 in the high lane, 4 lanes each).
+                        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                        let mins = _mm256_madd_epi16(mn, _mm256_set_m128i(pairs, pairs));
+                        // [Σsum0, Σmins0, Σsum1, Σmins1], exact: fold each row's sums to 4 lanes
+                        // (row 0 low, row 1 high), then two pairwise adds per lane.
+                        let folded = join_halves(sum0, sum1);
+                        let h = _mm256_hadd_epi32(folded, mins);
+                        let h = _mm256_hadd_epi32(h, h);
+                        let totals = _mm256_castsi256_si128(_mm256_permute4x64_epi64(h, 0b00_00_10_00));
+                        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(totals), dd, acc);
+                    }
+                    o[0] = _mm_cvtss_f32(acc) - _mm_cvtss_f32(_mm_movehdup_ps(acc));
+                    o[1] = _mm_cvtss_f32(_mm_movehl_ps(acc, acc)) - _mm_cvtss_f32(_mm_shuffle_ps(acc, acc, 3));
+                }
+                if n % 2 == 1 {
+                    q4_k_n::<1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                }
+            }
+
             /// Four 8-lane i32 vectors → per 128-bit half, `[Σv0 Σv1 Σv2 Σv3]` over that half's
             /// four lanes (exact; [`join_halves`] finishes the sums).
             #[inline]
@@ -975,6 +1084,79 @@ macro_rules! x86_kernels {
                 }
                 for t in 0..N {
                     out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) - hsum128(acc_m[t]) };
+                }
+            }
+
+            /// A Q5_K block's `sumi` for one token, the same i32 in each of the 8 lanes as
+            /// `q5_k_n`'s: `madd(maddubs(q, a), scale)` of its eight runs of 32 values 0..32 (the
+            /// low nibbles of each 32 bytes with scale 2c and fifth bit 2c of `qh`, the high
+            /// nibbles with 2c + 1), the activations read as memory operands so two rows share them.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q5k_block_sumi(b: *const u8, scales: __m256i, ab: &BlockQ8K) -> __m256i {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let one = _mm256_set1_epi8(1);
+                let mut hb = _mm256_loadu_si256(b.add(16) as *const __m256i);
+                let mut sumi = _mm256_setzero_si256();
+                for c in 0..4 {
+                    // Fifth bits: bit 2c of qh for the low nibbles, 2c+1 for the high ones.
+                    let q = _mm256_loadu_si256(b.add(48 + 32 * c) as *const __m256i);
+                    let h_lo = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
+                    let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
+                    hb = _mm256_srli_epi16(hb, 2);
+                    let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
+                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
+                    let ay = ab.qs.as_ptr().add(64 * c);
+                    let dot_lo = scaled_dot_at(lo, ay, k4_scale(scales, 2 * c));
+                    let dot_hi = scaled_dot_at(hi, ay.add(32), k4_scale(scales, 2 * c + 1));
+                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(dot_lo, dot_hi));
+                }
+                sumi
+            }
+
+            /// One token × every row of a group of Q5_K, two adjacent rows at a time (an odd last
+            /// row through `q5_k_n::<false, 1>`). Each output is bit for bit `q5_k_n::<false, 1>`'s
+            /// (ggml's `vec_dot` order): the same 8 i32 lanes of a block's `sumi` into
+            /// `acc = fma(d·d_a, sumi, acc)`, the same 4 lanes of min products into
+            /// `acc_m = fma(dmin·d_a, mins, acc_m)`, then `hsum(acc) − hsum(acc_m)`. The two rows'
+            /// min chains are the halves of one vector (the same f32 operations per lane); the
+            /// f16 conversion, the activation loads and their pairwise group sums serve both rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q5_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 176;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                // [dmin0·d_a ×4 | dmin1·d_a ×4] from lanes 1 and 3 of the block's scale products.
+                let dmin_lanes = _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3);
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    // Row 0's min chain in the low lane, row 1's in the high lane.
+                    let mut acc_m = _mm256_setzero_ps();
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // [d0·d_a, dmin0·d_a, d1·d_a, dmin1·d_a]: the f32 products of `q5_k_n`.
+                        let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
+                        let ([sc0, sc1], mn) = k4_scales_mins_pair(b0, b1);
+                        let sumi0 = q5k_block_sumi(b0, sc0, ab);
+                        let sumi1 = q5k_block_sumi(b1, sc1, ab);
+                        // Each row's 4 lanes of min products against the activations' pairwise group sums.
+                        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                        let mins = _mm256_madd_epi16(mn, _mm256_set_m128i(pairs, pairs));
+                        let dmins = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(dd), dmin_lanes);
+                        acc_m = _mm256_fmadd_ps(dmins, _mm256_cvtepi32_ps(mins), acc_m);
+                        acc0 = _mm256_fmadd_ps(splat_lane(dd, 0), _mm256_cvtepi32_ps(sumi0), acc0);
+                        acc1 = _mm256_fmadd_ps(splat_lane(dd, 2), _mm256_cvtepi32_ps(sumi1), acc1);
+                    }
+                    o[0] = hsum(acc0) - hsum128(_mm256_castps256_ps128(acc_m));
+                    o[1] = hsum(acc1) - hsum128(_mm256_extractf128_ps(acc_m, 1));
+                }
+                if n % 2 == 1 {
+                    q5_k_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
                 }
             }
 
@@ -1047,6 +1229,96 @@ macro_rules! x86_kernels {
                 }
                 for t in 0..N {
                     out[t] = if WIDE { acc_s[t] } else { hsum(acc[t]) };
+                }
+            }
+
+            /// A Q6_K block's `sumi` for one token, the same i32 in each of the 8 lanes as
+            /// `q6_k_n`'s: −32·`madd(scales, bsums)` (the offset of every value), plus
+            /// `madd(maddubs(q, a), scale pair)` of each 32 values 0..64 (integer sums: their
+            /// grouping does not matter). `sc16`: the block's 16 scales as i16. Each 32 values'
+            /// scale pair (g for the first 16, g + 1 for the rest) is one in-lane `vpshufb` of
+            /// the half block's 8 scales in both lanes (where `q6_k_n` shuffles bytes and widens
+            /// them), and the activations are memory operands, so two rows share them.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn q6k_block_sumi(b: *const u8, sc16: __m256i, bs: __m256i, ab: &BlockQ8K) -> __m256i {
+                let m4 = _mm256_set1_epi8(0x0F);
+                let mut sumi = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_slli_epi32(_mm256_madd_epi16(sc16, bs), 5));
+                for half in 0..2 {
+                    // Scales 8·half .. 8·half + 8 (as i16) in both lanes.
+                    let sc_half = if half == 0 {
+                        _mm256_permute2x128_si256(sc16, sc16, 0x00)
+                    } else {
+                        _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                    };
+                    let ql0 = _mm256_loadu_si256(b.add(64 * half) as *const __m256i);
+                    let ql1 = _mm256_loadu_si256(b.add(64 * half + 32) as *const __m256i);
+                    let qh = _mm256_loadu_si256(b.add(128 + 32 * half) as *const __m256i);
+                    // Four 32-value runs: low/high nibbles of ql0/ql1 with 2 bits of qh each.
+                    let q = [
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql0, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x03)), 4),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(ql1, m4),
+                            _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0x0C)), 2),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4),
+                            _mm256_and_si256(qh, _mm256_set1_epi8(0x30)),
+                        ),
+                        _mm256_or_si256(
+                            _mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4),
+                            _mm256_srli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(0xC0u8 as i8)), 2),
+                        ),
+                    ];
+                    for (k, &qk) in q.iter().enumerate() {
+                        // Word 2k (scale g = 8·half + 2k) in the low lane, word 2k + 1 in the high lane.
+                        let word = |w: usize| _mm_set1_epi16((((2 * w + 1) << 8) | (2 * w)) as i16);
+                        let s = _mm256_shuffle_epi8(sc_half, _mm256_set_m128i(word(2 * k + 1), word(2 * k)));
+                        let ay = ab.qs.as_ptr().add(128 * half + 32 * k);
+                        sumi = _mm256_add_epi32(sumi, scaled_dot_at(qk, ay, s));
+                    }
+                }
+                sumi
+            }
+
+            /// One token × every row of a group of Q6_K, two adjacent rows at a time (an odd last
+            /// row through `q6_k_n::<false, 1>`). Each output is bit for bit `q6_k_n::<false, 1>`'s
+            /// (ggml's `vec_dot` order): the same 8 i32 lanes of a block's `sumi` (see
+            /// [`q6k_block_sumi`]), `acc = fma(d·d_a, sumi, acc)` per block, then `hsum(acc)`.
+            /// Cheaper per block: one linear prefetch stream, both rows' `d` in one f16
+            /// conversion, and the activation and group-sum loads shared by the rows.
+            #[target_feature(enable = $features)]
+            unsafe fn q6_k_gemv_rows(rows: &[u8], rb: usize, a: &[BlockQ8K], out: &mut [f32]) {
+                const TS: usize = 210;
+                let n = rows.len() / rb;
+                let nb = rb / TS;
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
+                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
+                    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
+                        super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
+                        let ab = a.get_unchecked(i);
+                        let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
+                        // Lanes 1 and 3: d0·d_a, d1·d_a (the f16 `d` ends the block).
+                        let dd = _mm_mul_ps(f16_quad(b0.add(206), b1.add(206)), _mm_set1_ps(ab.d));
+                        let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
+                        // Each row's 16 signed scales as i16.
+                        let sc0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b0.add(192) as *const __m128i));
+                        let sc1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b1.add(192) as *const __m128i));
+                        let sumi0 = q6k_block_sumi(b0, sc0, bs, ab);
+                        let sumi1 = q6k_block_sumi(b1, sc1, bs, ab);
+                        acc0 = _mm256_fmadd_ps(splat_lane(dd, 1), _mm256_cvtepi32_ps(sumi0), acc0);
+                        acc1 = _mm256_fmadd_ps(splat_lane(dd, 3), _mm256_cvtepi32_ps(sumi1), acc1);
+                    }
+                    o[0] = hsum(acc0);
+                    o[1] = hsum(acc1);
+                }
+                if n % 2 == 1 {
+                    q6_k_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
                 }
             }
 
@@ -1813,13 +2085,18 @@ macro_rules! x86_kernels {
                     return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);
                 }
                 match t {
-                    // One token in the `vec_dot` order: two rows at a time.
-                    GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS if !WIDE && acts.len() == 1 => {
+                    // One token in the `vec_dot` order (Q4_K: the repacked GEMV order): two rows at a time.
+                    GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+                        if !WIDE && acts.len() == 1 =>
+                    {
                         // SAFETY: as in `tile!`: features checked by dispatch, slices by `checked`.
                         unsafe {
                             match t {
                                 GgmlType::Q2_K => q2_k_gemv_rows(rows, rb, acts[0], out),
                                 GgmlType::Q3_K => q3_k_gemv_rows(rows, rb, acts[0], out),
+                                GgmlType::Q4_K => q4_k_gemv_rows(rows, rb, acts[0], out),
+                                GgmlType::Q5_K => q5_k_gemv_rows(rows, rb, acts[0], out),
+                                GgmlType::Q6_K => q6_k_gemv_rows(rows, rb, acts[0], out),
                                 _ => iq4_xs_gemv_rows(rows, rb, acts[0], out),
                             }
                         }
