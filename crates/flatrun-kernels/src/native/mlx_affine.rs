@@ -474,18 +474,8 @@ mod x86 {
                         return _mm_set_ps(single(b1), single(s1), single(b0), single(s0));
                     }
                     let bits = half(s0) | (half(b0) << 16) | (half(s1) << 32) | (half(b1) << 48);
-                    let v: __m128i;
-                    // SAFETY: `vmovq` only moves a general register into a vector register
-                    // (zeroing the rest); it touches no memory. Written as asm so LLVM cannot
-                    // build it from inserts that wait for the register's old contents.
-                    unsafe {
-                        std::arch::asm!(
-                            "vmovq {v}, {b}",
-                            v = lateout(xmm_reg) v,
-                            b = in(reg) bits,
-                            options(pure, nomem, nostack, preserves_flags)
-                        );
-                    }
+                    // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                    let v = unsafe { crate::native::x86::vmovq_to_xmm(bits) };
                     if kind == ScaleKind::F16 {
                         _mm_cvtph_ps(v)
                     } else {

@@ -65,6 +65,28 @@ fn prefetch_lines(pos: *const u8, step: usize) {
     }
 }
 
+/// `bits` in the low 64 bits of an xmm register, the rest zeroed: one `vmovq`. Written as asm
+/// because left to itself LLVM builds it from inserts that wait for the register's old
+/// contents, often a loop accumulator (see `f16_pair`).
+///
+/// # Safety
+/// The CPU must support AVX (every caller is compiled for AVX2 or above).
+#[inline(always)]
+pub(crate) unsafe fn vmovq_to_xmm(bits: u64) -> __m128i {
+    let v: __m128i;
+    // SAFETY: `vmovq` only moves a general register into a vector register (zeroing the
+    // rest); it touches no memory. AVX is the caller's promise.
+    unsafe {
+        std::arch::asm!(
+            "vmovq {v}, {b}",
+            v = lateout(xmm_reg) v,
+            b = in(reg) bits,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    v
+}
+
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
     ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
@@ -390,17 +412,8 @@ macro_rules! x86_kernels {
                     }
                 };
                 let bits = word(b0) | (word(b1) << 32);
-                let dm: __m128i;
-                // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
-                // the rest); it touches no memory (see `f16_pair` for why it is asm).
-                unsafe {
-                    std::arch::asm!(
-                        "vmovq {v}, {b}",
-                        v = lateout(xmm_reg) dm,
-                        b = in(reg) bits,
-                        options(pure, nomem, nostack, preserves_flags)
-                    );
-                }
+                // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                let dm = unsafe { super::vmovq_to_xmm(bits) };
                 (lo, hi, _mm_cvtph_ps(dm))
             }
 
@@ -677,17 +690,8 @@ macro_rules! x86_kernels {
                         }
                         // The rows' f16 scales in one zero-extending 64-bit move, converted at once.
                         let packed = (0..R).fold(0u64, |w, r| w | (u16::from_le_bytes([*block(r), *block(r).add(1)]) as u64) << (16 * r));
-                        let halves: __m128i;
-                        // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
-                        // the rest); it touches no memory (see `f16_pair` for why it is asm).
-                        unsafe {
-                            std::arch::asm!(
-                                "vmovq {v}, {b}",
-                                v = lateout(xmm_reg) halves,
-                                b = in(reg) packed,
-                                options(pure, nomem, nostack, preserves_flags)
-                            );
-                        }
+                        // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                        let halves = unsafe { super::vmovq_to_xmm(packed) };
                         let mut d = [0f32; 4];
                         _mm_storeu_ps(d.as_mut_ptr(), _mm_cvtph_ps(halves));
                         for r in 0..R {
@@ -1375,17 +1379,8 @@ macro_rules! x86_kernels {
             unsafe fn f16_quad(p0: *const u8, p1: *const u8) -> __m128 {
                 let word = |p: *const u8| u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]) as u64;
                 let bits = word(p0) | (word(p1) << 32);
-                let v: __m128i;
-                // SAFETY: `vmovq` only moves a general register into a vector register (zeroing
-                // the rest); it touches no memory (see `f16_pair` for why it is asm).
-                unsafe {
-                    std::arch::asm!(
-                        "vmovq {v}, {b}",
-                        v = lateout(xmm_reg) v,
-                        b = in(reg) bits,
-                        options(pure, nomem, nostack, preserves_flags)
-                    );
-                }
+                // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                let v = unsafe { super::vmovq_to_xmm(bits) };
                 _mm_cvtph_ps(v)
             }
 
