@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::{matmul_with, random_case, Rng, LEGACY_FORMATS};
+use common::{assert_gemv_equals_gemm_columns, random_case, Rng, LEGACY_FORMATS};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{supported_levels, NativeKernels, Weight, WeightFormat};
+use flatrun_kernels::{Weight, WeightFormat};
 
 /// The legacy formats and the plain floats.
 fn formats() -> impl Iterator<Item = GgmlType> {
@@ -30,23 +30,8 @@ fn gemv_bits_equal_gemm(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) {
 
 /// [`gemv_bits_equal_gemm`] on given weights and 3 tokens `x`.
 fn bits_equal_gemm(t: GgmlType, rows: usize, cols: usize, bytes: &[u8], x: &[f32]) {
-    let n = 3;
     let w = Weight::new(WeightFormat::Ggml(t), rows, cols, bytes, None, None).unwrap();
-    for level in supported_levels() {
-        let k = NativeKernels::new(level);
-        let gemm = matmul_with(&k, &w, x, n);
-        for tok in 0..n {
-            let gemv = matmul_with(&k, &w, &x[tok * cols..(tok + 1) * cols], 1);
-            for r in 0..rows {
-                let (a, b) = (gemm[tok * rows + r], gemv[r]);
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{t:?} {level} {rows}x{cols}: token {tok} row {r}: GEMM {a} vs GEMV {b}"
-                );
-            }
-        }
-    }
+    assert_gemv_equals_gemm_columns(&w, x, 3, &format!("{t:?}"));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{check_levels, matmul_with, mlx_format, MlxTensor, Rng};
+use common::{assert_gemv_equals_gemm_columns, check_levels, mlx_format, MlxTensor, Rng};
 use flatrun_format::GgmlType;
 use flatrun_kernels::native::quantize::{quantize_q8, BlockQ8};
 use flatrun_kernels::{
@@ -93,23 +93,8 @@ fn gemv_keeps_the_per_row_float_order() {
                             MlxTensor::random(bits, group, scale, rows, cols, symmetric, &mut rng);
                         let w = mlx.weight();
                         let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
-                        for level in supported_levels() {
-                            let k = NativeKernels::new(level);
-                            let gemm = matmul_with(&k, &w, &x, n);
-                            for tok in 0..n {
-                                let gemv = matmul_with(&k, &w, &x[tok * cols..(tok + 1) * cols], 1);
-                                for r in 0..rows {
-                                    let (a, b) = (gemm[tok * rows + r], gemv[r]);
-                                    assert_eq!(
-                                        a.to_bits(),
-                                        b.to_bits(),
-                                        "{} {level} symmetric {symmetric} {rows}x{cols}: \
-                                         token {tok} row {r}: GEMM {a} vs GEMV {b}",
-                                        w.format
-                                    );
-                                }
-                            }
-                        }
+                        let label = format!("{} symmetric {symmetric}", w.format);
+                        assert_gemv_equals_gemm_columns(&w, &x, n, &label);
                     }
                 }
             }

@@ -264,3 +264,26 @@ pub fn matmul_with(k: &NativeKernels, w: &Weight, x: &[f32], n: usize) -> Vec<f3
     k.matmul(w, x, n, &mut out).unwrap();
     out
 }
+
+/// Every token's GEMV (`Kernels::matmul` with one token) equals, bit for bit, that token's
+/// column of the `n`-token GEMM over the same `x`, at every SIMD level the host supports.
+/// `label` names the case in a failure.
+#[allow(dead_code)] // not every test file that includes `common` uses it
+pub fn assert_gemv_equals_gemm_columns(w: &Weight, x: &[f32], n: usize, label: &str) {
+    let (rows, cols) = (w.rows, w.cols);
+    for level in flatrun_kernels::supported_levels() {
+        let k = NativeKernels::new(level);
+        let gemm = matmul_with(&k, w, x, n);
+        for tok in 0..n {
+            let gemv = matmul_with(&k, w, &x[tok * cols..(tok + 1) * cols], 1);
+            for r in 0..rows {
+                let (a, b) = (gemm[tok * rows + r], gemv[r]);
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{label} {level} {rows}x{cols}: token {tok} row {r}: GEMM {a} vs GEMV {b}"
+                );
+            }
+        }
+    }
+}
