@@ -1,11 +1,13 @@
-//! The one-token (GEMV) kernels of the legacy and float formats stream two rows at a time
-//! (`legacy_gemv_halves`, `legacy_gemv2`, `float_gemv2` in `native/x86.rs`) for memory
+//! The one-token (GEMV) kernels of the legacy and float formats stream several rows at a time
+//! (`legacy_gemv_halves`: two row pairs per pass for the 4-bit formats, then a last pair;
+//! `legacy_gemv2`, `float_gemv2`: pairs; all in `native/x86.rs`) for memory
 //! bandwidth, but each output must keep ggml's per-output float order: the same bits as the
 //! token-tiled kernel that walks one row at a time. The K-quant and IQ4_XS one-token kernels
 //! (`q2_k_gemv_rows` … `q6_k_gemv_rows`, `iq4_xs_gemv_rows`) likewise take two rows at a time
 //! and must give the bits of the single-row kernels (`*_n::<false, N>`, ggml's `vec_dot` order;
 //! Q4_K: `q4_k_n::<N>`, ggml's repacked GEMV order). Checked bit for bit at every SIMD level,
-//! on odd row counts (the last row of a group takes the single-row kernel), rows wide enough
+//! on odd row counts (the last row of a group takes the single-row kernel), odd pair counts
+//! (the last pair of a group takes a one-pair pass), rows wide enough
 //! for several pool chunks, and rows wider than the kernels' stack table of activation sums.
 
 mod common;
@@ -41,6 +43,9 @@ fn gemv_keeps_the_per_row_float_order() {
         // 37 rows: pool chunks of 16 and an odd tail; 896 columns as Qwen2.5's head.
         gemv_bits_equal_gemm(t, 37, 896, &mut rng);
         gemv_bits_equal_gemm(t, 5, 128, &mut rng);
+        // Two pairs, a last pair and a last row; a lone pair.
+        gemv_bits_equal_gemm(t, 7, 256, &mut rng);
+        gemv_bits_equal_gemm(t, 2, 128, &mut rng);
     }
 }
 

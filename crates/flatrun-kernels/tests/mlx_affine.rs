@@ -75,8 +75,9 @@ fn gemm_equals_gemv_bit_for_bit() {
 
 #[test]
 fn gemv_keeps_the_per_row_float_order() {
-    // The one-token kernels stream two rows at a time (4-bit in the "halves" layout, 8-bit
-    // as pairs), but each output must be the bits of the token-tiled kernel that walks one
+    // The one-token kernels stream several rows at a time (4-bit: pairs in the "halves"
+    // layout, two pairs per pass, then a last pair; 8-bit
+    // pairs), but each output must be the bits of the token-tiled kernel that walks one
     // row at a time: GEMV of each token equals its column of a 3-token GEMM, at every level,
     // for every fused layout, biased and symmetric (8-bit: leftover bias exactly 0), on odd
     // row counts (the last row takes the one-row kernel), one lone pair, and wide rows.

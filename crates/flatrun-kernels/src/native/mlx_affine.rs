@@ -349,7 +349,7 @@ mod x86 {
     thread_local! {
         /// Per thread: the one-token activations with each block's even values first
         /// (`gemv4_pairs`), reused across calls.
-        pub(super) static SPLIT_ACTS: std::cell::RefCell<Vec<[u8; 32]>> =
+        pub(super) static SPLIT_ACTS: std::cell::RefCell<Vec<[u8; 64]>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
 
@@ -565,13 +565,15 @@ mod x86 {
                     }
                 }
 
-                /// `a`'s first `n_blocks` blocks with each block's even values first: byte j
-                /// of `split[i]` is value 2j of block i and byte 16 + j its value 2j + 1 (the
-                /// order of an MLX row's low and high nibbles).
+                /// `a`'s first `n_blocks` blocks with each block's even values apart from its odd
+                /// ones, each half in both 128-bit lanes: bytes j and 16 + j of `split[i]` are
+                /// value 2j of block i, bytes 32 + j and 48 + j its value 2j + 1 (the order of an
+                /// MLX row's low and high nibbles). Stored twice so the kernel's loads are plain
+                /// 32-byte loads, not broadcasts (a shuffle µop each on Zen 3).
                 #[target_feature(enable = $features)]
-                unsafe fn split_even_odd(a: &[BlockQ8], n_blocks: usize, split: &mut Vec<[u8; 32]>) {
+                unsafe fn split_even_odd(a: &[BlockQ8], n_blocks: usize, split: &mut Vec<[u8; 64]>) {
                     split.clear();
-                    split.resize(n_blocks, [0; 32]);
+                    split.resize(n_blocks, [0; 64]);
                     // Within each 128-bit lane: its even bytes, then its odd ones.
                     let within = _mm256_setr_epi8(
                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, //
@@ -579,33 +581,18 @@ mod x86 {
                     );
                     for (dst, ab) in split.iter_mut().zip(a) {
                         let v = _mm256_shuffle_epi8(_mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i), within);
-                        // [even 0..16 | odd 0..16 | even 16..32 | odd 16..32] → [even | odd].
-                        let v = _mm256_permute4x64_epi64(v, 0b11_01_10_00);
-                        _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, v);
+                        // [even 0..16 | odd 0..16 | even 16..32 | odd 16..32] → [even | even], [odd | odd].
+                        let even = _mm256_permute4x64_epi64(v, 0b10_00_10_00);
+                        let odd = _mm256_permute4x64_epi64(v, 0b11_01_11_01);
+                        _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, even);
+                        _mm256_storeu_si256(dst.as_mut_ptr().add(32) as *mut __m256i, odd);
                     }
                 }
 
-                /// One token × every row of `rows`, 4-bit: two adjacent rows at a time, so one
-                /// nibble unpack, one scale conversion and one pair of FMAs serve both rows.
-                /// Each output stays bit for bit what `row_n::<4, 1>` gives (ggml's Q4_1
-                /// order), whose accumulator lane k sums `fma(s·d_a, Σq·a, ·)` over values
-                /// 4k..4k+4 of each block:
-                /// - a block's 16 bytes of row 0 go in the low 128 bits, row 1's in the high.
-                ///   Byte j holds values 2j (low nibble) and 2j+1, so `maddubs` of the low
-                ///   nibbles with the block's even activations gives `q₄ₖa₄ₖ + q₄ₖ₊₂a₄ₖ₊₂` in
-                ///   16-bit lane k, of the high nibbles with the odd activations the other
-                ///   two products of lane k: their sum is lane k's exact integer sum (at most
-                ///   4·15·127, no overflow), with no byte shuffle of the weights. The
-                ///   activations are split into even and odd values once per call;
-                /// - the even 16-bit lanes (sign-extended by `madd` with 1) feed the `even`
-                ///   accumulator, the odd ones (shifted down) the `odd` one: lane m of
-                ///   `even` is row 0's lane 2m (m < 4) or row 1's lane 2(m − 4), `odd` the
-                ///   lanes 2m + 1, each the same chain of FMAs as in `row_n`;
-                /// - at the end, interleaving `even` and `odd` gives each row's lanes 0..4
-                ///   and 4..8 back, whose sum is `hsum`'s first step; the bias terms are the
-                ///   same chain of FMAs (`b·s_a`, lanes 1 and 3 of `[s0, b0, s1, b1]`).
-                ///
-                /// An odd last row goes through `row_n`.
+                /// One token × every row of `rows`, 4-bit: adjacent row pairs, two pairs (four rows)
+                /// per pass through [`gemv4_pair_runs`] (one activation load, one `d_a` broadcast
+                /// and one prefetch stream for all four), then a last pair, then an odd last row
+                /// through `row_n`. The group loop is unrolled for groups of 32, 64 and 128.
                 #[target_feature(enable = $features)]
                 unsafe fn gemv4_pairs(
                     layout: MlxLayout,
@@ -613,70 +600,151 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    const BLOCK_BYTES: usize = QK8 / 2;
-                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
-                    let blocks_per_group = layout.group / QK8;
-                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
-                    let ahead = scales_ahead(rb, sb);
                     let mut split = SPLIT_ACTS.with(|c| c.take());
-                    split_even_odd(acts.get_unchecked(0), rb / BLOCK_BYTES, &mut split);
+                    split_even_odd(acts.get_unchecked(0), rows.row_bytes / (QK8 / 2), &mut split);
                     let a = split.as_ptr() as *const u8;
-                    let nibble = _mm256_set1_epi8(0x0F);
-                    let low_i16 = _mm256_set1_epi32(1);
-                    // Lane 0 (s0) of a product into lanes 0..4, lane 2 (s1) into lanes 4..8.
-                    let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
-                    let q8 = acts.get_unchecked(0);
-                    for (pair, o) in out.chunks_exact_mut(2).take(rows.n_rows() / 2).enumerate() {
-                        let r0 = rows.data.as_ptr().add(2 * pair * rb);
-                        let r1 = r0.add(rb);
-                        let scales = pair_scale_ptrs(rows, 2 * pair);
-                        prefetch_scales(scales[0], scales[1], 2 * sb, ahead);
-                        let (mut even, mut odd) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                        let mut bias_terms = _mm_setzero_ps();
-                        for g in 0..n_groups {
-                            // [s0, b0, s1, b1] of this group, converted once for its blocks.
-                            let sb4 = pair_scales(layout.scales, scales, g);
-                            for k in 0..blocks_per_group {
-                                let i = g * blocks_per_group + k;
-                                // The two rows are adjacent: one linear prefetch stream over the pair.
-                                prefetch_linear(r0.wrapping_add(2 * i * BLOCK_BYTES), 2 * BLOCK_BYTES);
-                                let ab = q8.get_unchecked(i);
-                                let a_even = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(32 * i) as *const __m128i));
-                                let a_odd = _mm256_broadcastsi128_si256(_mm_loadu_si128(a.add(32 * i + 16) as *const __m128i));
-                                // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
-                                let v = _mm256_set_m128i(
-                                    _mm_loadu_si128(r1.add(i * BLOCK_BYTES) as *const __m128i),
-                                    _mm_loadu_si128(r0.add(i * BLOCK_BYTES) as *const __m128i),
-                                );
-                                let q_even = _mm256_and_si256(v, nibble);
-                                let q_odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-                                // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
-                                let sums = _mm256_add_epi16(
-                                    _mm256_maddubs_epi16(q_even, a_even),
-                                    _mm256_maddubs_epi16(q_odd, a_odd),
-                                );
-                                let (p_even, p_odd) = (_mm256_madd_epi16(sums, low_i16), _mm256_srai_epi32(sums, 16));
-                                // [s0·d_a ×4 | s1·d_a ×4]: the same f32 products as `row_n`'s `s·d_a`.
-                                let scaled = _mm_mul_ps(sb4, _mm_set1_ps(ab.d));
-                                let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
-                                even = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_even), even);
-                                odd = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_odd), odd);
-                                // Lanes 1 and 3: `b·s_a` fused into each row's bias sum.
-                                bias_terms = _mm_fmadd_ps(sb4, _mm_set1_ps(ab.s), bias_terms);
-                            }
-                        }
-                        // Each row's lanes 0..4 and 4..8 back in order, and hsum's first step.
-                        let (first, second) = (_mm256_unpacklo_ps(even, odd), _mm256_unpackhi_ps(even, odd));
-                        let halves = _mm256_add_ps(first, second);
-                        let row0 = _mm256_castps256_ps128(halves);
-                        let row1 = _mm256_extractf128_ps(halves, 1);
-                        let bias0 = _mm_cvtss_f32(_mm_movehdup_ps(bias_terms));
-                        let bias1 = _mm_cvtss_f32(_mm_shuffle_ps(bias_terms, bias_terms, 3));
-                        o[0] = hsum128(row0) + bias0;
-                        o[1] = hsum128(row1) + bias1;
+                    let q8 = *acts.get_unchecked(0);
+                    let n_pairs = rows.n_rows() / 2;
+                    let bulk = n_pairs / 2 * 2;
+                    macro_rules! runs {
+                        ($g:literal) => {{
+                            gemv4_pair_runs::<2, $g>(layout, rows, a, q8, 0..bulk, out);
+                            gemv4_pair_runs::<1, $g>(layout, rows, a, q8, bulk..n_pairs, out);
+                        }};
+                    }
+                    match layout.group / QK8 {
+                        1 => runs!(1),
+                        2 => runs!(2),
+                        4 => runs!(4),
+                        _ => runs!(0),
                     }
                     SPLIT_ACTS.with(|c| c.replace(split));
                     last_row::<4>(layout, rows, acts, out);
+                }
+
+                /// Most groups per row whose scales [`gemv4_pair_runs`] converts ahead of a pass
+                /// (16 KiB of stack with two pairs; 32 768 columns at group 64); wider rows
+                /// convert in the loop.
+                const MAX_TABLE_GROUPS: usize = 512;
+
+                /// Row pairs `pairs` (a multiple of `P` of them) of a 4-bit MLX weight × one token,
+                /// `P` adjacent pairs per pass, `G` blocks per group (0: the layout's, at run time);
+                /// `a` is the token's activations split by [`split_even_odd`], `q8` the same
+                /// blocks (for `d_a` and `s_a`). Each output is bit for bit what `row_n::<4, 1>`
+                /// gives (ggml's Q4_1 order), whose accumulator lane k sums `fma(s·d_a, Σq·a, ·)`
+                /// over values 4k..4k+4 of each block:
+                /// - a block's 16 bytes of a pair's first row go in the low 128 bits, the second
+                ///   row's in the high. Byte j holds values 2j (low nibble) and 2j+1, so `maddubs`
+                ///   of the low nibbles with the block's even activations gives
+                ///   `q₄ₖa₄ₖ + q₄ₖ₊₂a₄ₖ₊₂` in 16-bit lane k, of the high nibbles with the odd
+                ///   activations the other two products of lane k: their sum is lane k's exact
+                ///   integer sum (at most 4·15·127, no overflow), with no byte shuffle of the
+                ///   weights. The activations are split into even and odd values once per call;
+                /// - the even 16-bit lanes (sign-extended by `madd` with 1) feed the `even`
+                ///   accumulator, the odd ones (shifted down) the `odd` one: lane m of `even` is
+                ///   the first row's lane 2m (m < 4) or the second's lane 2(m − 4), `odd` the
+                ///   lanes 2m + 1, each the same chain of FMAs as in `row_n`;
+                /// - at the end, interleaving `even` and `odd` gives each row's lanes 0..4 and
+                ///   4..8 back, whose sum is `hsum`'s first step; the bias terms are the same
+                ///   chain of FMAs (`b·s_a`, lanes 1 and 3 of `[s0, b0, s1, b1]`).
+                #[inline]
+                #[target_feature(enable = $features)]
+                unsafe fn gemv4_pair_runs<const P: usize, const G: usize>(
+                    layout: MlxLayout,
+                    rows: &MlxRowsData,
+                    a: *const u8,
+                    q8: &[BlockQ8],
+                    pairs: std::ops::Range<usize>,
+                    out: &mut [f32],
+                ) {
+                    const BLOCK_BYTES: usize = QK8 / 2;
+                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
+                    let blocks_per_group = if G == 0 { layout.group / QK8 } else { G };
+                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
+                    let ahead = scales_ahead(rb, sb);
+                    let nibble = _mm256_set1_epi8(0x0F);
+                    let low_i16 = _mm256_set1_epi32(1);
+                    // Lane 0 (s0) of `[s0, b0, s1, b1]` into lanes 0..4, lane 2 (s1) into 4..8.
+                    let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+                    let mut table = [const { std::mem::MaybeUninit::<__m128>::uninit() }; 2 * MAX_TABLE_GROUPS];
+                    let converted = P * n_groups <= table.len();
+                    for first in pairs.step_by(P) {
+                        // The `2P` rows of this pass are adjacent, and so are their scales and biases.
+                        // (Plain loops fill the per-pair arrays: a closure would not inherit this
+                        // function's target features, and its intrinsics would become calls.)
+                        let r0 = rows.data.as_ptr().add(2 * first * rb);
+                        let mut scales = [[std::ptr::null::<u8>(); 4]; P];
+                        for q in 0..P {
+                            scales[q] = pair_scale_ptrs(rows, 2 * (first + q));
+                        }
+                        prefetch_scales(scales[0][0], scales[0][1], 2 * P * sb, ahead);
+                        // Every group's [s0, b0, s1, b1] of each pair, converted before the values'
+                        // loop, where the eight scale and bias pointers would not fit in registers.
+                        if converted {
+                            for g in 0..n_groups {
+                                for q in 0..P {
+                                    table.get_unchecked_mut(g * P + q).write(pair_scales(layout.scales, scales[q], g));
+                                }
+                            }
+                        }
+                        let mut even = [_mm256_setzero_ps(); P];
+                        let mut odd = [_mm256_setzero_ps(); P];
+                        let mut bias_terms = [_mm_setzero_ps(); P];
+                        for g in 0..n_groups {
+                            // [s0, b0, s1, b1] of each pair for this group, converted once for its
+                            // blocks, and its scales spread as [s0 ×4 | s1 ×4].
+                            let (mut sb4, mut s8) = ([_mm_setzero_ps(); P], [_mm256_setzero_ps(); P]);
+                            for q in 0..P {
+                                sb4[q] = if converted {
+                                    table.get_unchecked(g * P + q).assume_init()
+                                } else {
+                                    pair_scales(layout.scales, scales[q], g)
+                                };
+                                s8[q] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sb4[q]), pick);
+                            }
+                            for k in 0..blocks_per_group {
+                                let i = g * blocks_per_group + k;
+                                // One linear prefetch stream over the pass's rows.
+                                prefetch_linear(r0.wrapping_add(2 * P * i * BLOCK_BYTES), 2 * P * BLOCK_BYTES);
+                                let ab = q8.get_unchecked(i);
+                                let a_even = _mm256_loadu_si256(a.add(64 * i) as *const __m256i);
+                                let a_odd = _mm256_loadu_si256(a.add(64 * i + 32) as *const __m256i);
+                                let da = _mm256_set1_ps(ab.d);
+                                let sa = _mm_set1_ps(ab.s);
+                                for q in 0..P {
+                                    // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
+                                    let b0 = r0.add(2 * q * rb + i * BLOCK_BYTES);
+                                    let v = _mm256_set_m128i(
+                                        _mm_loadu_si128(b0.add(rb) as *const __m128i),
+                                        _mm_loadu_si128(b0 as *const __m128i),
+                                    );
+                                    let q_even = _mm256_and_si256(v, nibble);
+                                    let q_odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                                    // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
+                                    let sums = _mm256_add_epi16(
+                                        _mm256_maddubs_epi16(q_even, a_even),
+                                        _mm256_maddubs_epi16(q_odd, a_odd),
+                                    );
+                                    let (p_even, p_odd) = (_mm256_madd_epi16(sums, low_i16), _mm256_srai_epi32(sums, 16));
+                                    // [s0·d_a ×4 | s1·d_a ×4]: the same f32 products as `row_n`'s `s·d_a`.
+                                    let dd = _mm256_mul_ps(s8[q], da);
+                                    even[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_even), even[q]);
+                                    odd[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_odd), odd[q]);
+                                    // Lanes 1 and 3: `b·s_a` fused into each row's bias sum.
+                                    bias_terms[q] = _mm_fmadd_ps(sb4[q], sa, bias_terms[q]);
+                                }
+                            }
+                        }
+                        for q in 0..P {
+                            // Each row's lanes 0..4 and 4..8 back in order, and hsum's first step.
+                            let (lo, hi) = (_mm256_unpacklo_ps(even[q], odd[q]), _mm256_unpackhi_ps(even[q], odd[q]));
+                            let halves = _mm256_add_ps(lo, hi);
+                            let b = bias_terms[q];
+                            let o = 2 * (first + q);
+                            *out.get_unchecked_mut(o) = hsum128(_mm256_castps256_ps128(halves)) + _mm_cvtss_f32(_mm_movehdup_ps(b));
+                            *out.get_unchecked_mut(o + 1) = hsum128(_mm256_extractf128_ps(halves, 1)) + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3));
+                        }
+                    }
                 }
 
                 /// One token × every row of `rows`, 8-bit: two adjacent rows at a time (one

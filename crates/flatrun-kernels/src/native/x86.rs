@@ -87,6 +87,43 @@ pub(crate) unsafe fn vmovq_to_xmm(bits: u64) -> __m128i {
     v
 }
 
+/// One Q8 activation block as the one-token 4/5-bit legacy kernels read it
+/// (`legacy_gemv_halves`): every field a plain aligned load, so the loop spends no shuffle µop
+/// on broadcasts (each costs one on Zen 3).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub(crate) struct HalvesAct {
+    /// Values 0..16 in both 128-bit lanes.
+    lo: [i8; 32],
+    /// Values 16..32 in both lanes.
+    hi: [i8; 32],
+    /// Q4_0/Q5_0: the offset (8 or 16) times each four values' sum, values 0..16 (four i32
+    /// lanes) in both lanes; unused for the other formats.
+    off_lo: [i32; 8],
+    /// The same for values 16..32.
+    off_hi: [i32; 8],
+    /// The block's scale `d`, four times.
+    d: [f32; 4],
+    /// The block's `s` (`d · Σ q`), four times.
+    s: [f32; 4],
+}
+
+impl HalvesAct {
+    const ZERO: HalvesAct = HalvesAct {
+        lo: [0; 32],
+        hi: [0; 32],
+        off_lo: [0; 8],
+        off_hi: [0; 8],
+        d: [0.0; 4],
+        s: [0.0; 4],
+    };
+}
+
+thread_local! {
+    /// Per thread: the one-token activations as [`HalvesAct`] blocks, reused across calls.
+    static HALVES_ACTS: std::cell::RefCell<Vec<HalvesAct>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
     ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
@@ -426,89 +463,123 @@ macro_rules! x86_kernels {
             /// block order, and `hsum` starts by adding lane `k` to lane `k + 4` — so adding the
             /// two halves of a row is that first step. Q4_0 and Q5_0 dot their values unsigned
             /// and take `8·Σa` / `16·Σa` (per four values, computed once per call) off the exact
-            /// integer sum instead of the sign trick. An odd last row goes through `legacy_n`.
+            /// integer sum instead of the sign trick. The 4-bit formats take two pairs per pass
+            /// ([`halves_pair_runs`]), then a last pair; an odd last row goes through `legacy_n`.
             #[target_feature(enable = $features)]
             unsafe fn legacy_gemv_halves<const T: u32, const TS: usize>(rows: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
                 const Q4_0: u32 = GgmlType::Q4_0 as u32;
-                const Q4_1: u32 = GgmlType::Q4_1 as u32;
                 const Q5_0: u32 = GgmlType::Q5_0 as u32;
-                const Q5_1: u32 = GgmlType::Q5_1 as u32;
-                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
                 let n = rows.len() / rb;
                 let nb = rb / TS;
-                let with_min = T == Q4_1 || T == Q5_1;
                 let offset: i8 = match T {
                     Q4_0 => 8,
                     Q5_0 => 16,
                     _ => 0,
                 };
-                // The offset times the sum of each four activations, lanes 0..4 for values 0..16
-                // and 4..8 for 16..32 (exact: at most 16 · 4 · 128).
-                let mut offsets = [const { std::mem::MaybeUninit::<__m256i>::uninit() }; MAX_OFFSET_BLOCKS];
-                if offset != 0 {
-                    if nb > MAX_OFFSET_BLOCKS {
-                        for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
-                            legacy_gemv2::<T, TS>(&pair[..rb], &pair[rb..], a, o);
-                        }
-                        if n % 2 == 1 {
-                            legacy_n::<T, TS, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
-                        }
-                        return;
+                // The activations once per call as the loop reads them; the offset sums exact
+                // (at most 16 · 4 · 128).
+                let mut prep = super::HALVES_ACTS.with(|c| c.take());
+                prep.clear();
+                prep.resize(nb, super::HalvesAct::ZERO);
+                let off = _mm256_set1_epi8(offset);
+                for (p, ab) in prep.iter_mut().zip(&a[..nb]) {
+                    let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                    _mm256_store_si256(p.lo.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(ay, ay, 0x00));
+                    _mm256_store_si256(p.hi.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(ay, ay, 0x11));
+                    if offset != 0 {
+                        let o = $mul_sum(off, ay);
+                        _mm256_store_si256(p.off_lo.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(o, o, 0x00));
+                        _mm256_store_si256(p.off_hi.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(o, o, 0x11));
                     }
-                    let off = _mm256_set1_epi8(offset);
-                    for (slot, ab) in offsets.iter_mut().zip(&a[..nb]) {
-                        let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                        slot.write($mul_sum(off, ay));
-                    }
+                    p.d = [ab.d; 4];
+                    p.s = [ab.s; 4];
                 }
-                let table = iq4nl_table();
-                let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
-                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
-                    let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
-                    let (mut acc_lo, mut acc_hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                    let mut mins = _mm_setzero_ps();
-                    for i in 0..nb {
-                        // One linear prefetch stream over the pair (see `legacy_gemv2`).
-                        super::prefetch_linear(r0.wrapping_add(2 * i * TS), 2 * TS);
-                        let ab = a.get_unchecked(i);
-                        let ay_lo = _mm256_broadcastsi128_si256(_mm_loadu_si128(ab.qs.as_ptr() as *const __m128i));
-                        let ay_hi = _mm256_broadcastsi128_si256(_mm_loadu_si128(ab.qs.as_ptr().add(16) as *const __m128i));
-                        let (lo, hi, dm) = halves_block::<T>(r0.add(i * TS), r1.add(i * TS), table);
-                        let (mut p_lo, mut p_hi) = if T == IQ4_NL {
-                            (
-                                $mul_sum(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ay_lo, lo)),
-                                $mul_sum(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ay_hi, hi)),
-                            )
-                        } else {
-                            ($mul_sum(lo, ay_lo), $mul_sum(hi, ay_hi))
-                        };
-                        if offset != 0 {
-                            let off = offsets.get_unchecked(i).as_ptr() as *const __m128i;
-                            p_lo = _mm256_sub_epi32(p_lo, _mm256_broadcastsi128_si256(_mm_loadu_si128(off)));
-                            p_hi = _mm256_sub_epi32(p_hi, _mm256_broadcastsi128_si256(_mm_loadu_si128(off.add(1))));
-                        }
-                        // [d0·d_a ×4 | d1·d_a ×4]: the same f32 products as ggml's `d_w * d_a`.
-                        let scaled = _mm_mul_ps(dm, _mm_set1_ps(ab.d));
-                        let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
-                        acc_lo = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_lo), acc_lo);
-                        acc_hi = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_hi), acc_hi);
-                        if with_min {
-                            // Lanes 1 and 3: `m·s` fused into each row's min sum, as ggml's `summs`.
-                            mins = _mm_fmadd_ps(dm, _mm_set1_ps(ab.s), mins);
-                        }
-                    }
-                    let row0 = _mm_add_ps(_mm256_castps256_ps128(acc_lo), _mm256_castps256_ps128(acc_hi));
-                    let row1 = _mm_add_ps(_mm256_extractf128_ps(acc_lo, 1), _mm256_extractf128_ps(acc_hi, 1));
-                    let (min0, min1) = if with_min {
-                        (_mm_cvtss_f32(_mm_movehdup_ps(mins)), _mm_cvtss_f32(_mm_shuffle_ps(mins, mins, 3)))
-                    } else {
-                        (0.0, 0.0)
-                    };
-                    o[0] = hsum128(row0) + min0;
-                    o[1] = hsum128(row1) + min1;
-                }
+                let n_pairs = n / 2;
+                // Two pairs per pass, but for the 5-bit formats, whose fifth-bit constants
+                // would not fit in registers beside a second pair's accumulators.
+                let bulk = if T == Q5_0 || T == GgmlType::Q5_1 as u32 { 0 } else { n_pairs / 2 * 2 };
+                halves_pair_runs::<T, TS, 2>(rows.as_ptr(), rb, &prep, 0..bulk, out);
+                halves_pair_runs::<T, TS, 1>(rows.as_ptr(), rb, &prep, bulk..n_pairs, out);
+                super::HALVES_ACTS.with(|c| c.replace(prep));
                 if n % 2 == 1 {
                     legacy_n::<T, TS, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
+                }
+            }
+
+            /// Row pairs `pairs` (a multiple of `P` of them) of [`legacy_gemv_halves`], `P`
+            /// adjacent pairs per pass: the activation loads and the prefetch stream serve all
+            /// `2P` rows. `a` is the token's activations prepared once per call
+            /// ([`super::HalvesAct`]: halves already in both lanes, offset sums, `d` and `s`).
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn halves_pair_runs<const T: u32, const TS: usize, const P: usize>(
+                rows: *const u8,
+                rb: usize,
+                a: &[super::HalvesAct],
+                pairs: std::ops::Range<usize>,
+                out: &mut [f32],
+            ) {
+                const Q4_0: u32 = GgmlType::Q4_0 as u32;
+                const Q4_1: u32 = GgmlType::Q4_1 as u32;
+                const Q5_0: u32 = GgmlType::Q5_0 as u32;
+                const Q5_1: u32 = GgmlType::Q5_1 as u32;
+                const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                let nb = rb / TS;
+                let with_min = T == Q4_1 || T == Q5_1;
+                let offset = T == Q4_0 || T == Q5_0;
+                let table = iq4nl_table();
+                let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+                for first in pairs.step_by(P) {
+                    let r0 = rows.add(2 * first * rb);
+                    let mut acc_lo = [_mm256_setzero_ps(); P];
+                    let mut acc_hi = [_mm256_setzero_ps(); P];
+                    let mut mins = [_mm_setzero_ps(); P];
+                    for i in 0..nb {
+                        // One linear prefetch stream over the pass's rows (see `legacy_gemv2`).
+                        super::prefetch_linear(r0.wrapping_add(2 * P * i * TS), 2 * P * TS);
+                        let ab = a.get_unchecked(i);
+                        let ay_lo = _mm256_load_si256(ab.lo.as_ptr() as *const __m256i);
+                        let ay_hi = _mm256_load_si256(ab.hi.as_ptr() as *const __m256i);
+                        let da = _mm_load_ps(ab.d.as_ptr());
+                        for q in 0..P {
+                            let b0 = r0.add(2 * q * rb + i * TS);
+                            let (lo, hi, dm) = halves_block::<T>(b0, b0.add(rb), table);
+                            let (mut p_lo, mut p_hi) = if T == IQ4_NL {
+                                (
+                                    $mul_sum(_mm256_sign_epi8(lo, lo), _mm256_sign_epi8(ay_lo, lo)),
+                                    $mul_sum(_mm256_sign_epi8(hi, hi), _mm256_sign_epi8(ay_hi, hi)),
+                                )
+                            } else {
+                                ($mul_sum(lo, ay_lo), $mul_sum(hi, ay_hi))
+                            };
+                            if offset {
+                                p_lo = _mm256_sub_epi32(p_lo, _mm256_load_si256(ab.off_lo.as_ptr() as *const __m256i));
+                                p_hi = _mm256_sub_epi32(p_hi, _mm256_load_si256(ab.off_hi.as_ptr() as *const __m256i));
+                            }
+                            // [d0·d_a ×4 | d1·d_a ×4]: the same f32 products as ggml's `d_w * d_a`.
+                            let scaled = _mm_mul_ps(dm, da);
+                            let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
+                            acc_lo[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_lo), acc_lo[q]);
+                            acc_hi[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_hi), acc_hi[q]);
+                            if with_min {
+                                // Lanes 1 and 3: `m·s` fused into each row's min sum, as ggml's `summs`.
+                                mins[q] = _mm_fmadd_ps(dm, _mm_load_ps(ab.s.as_ptr()), mins[q]);
+                            }
+                        }
+                    }
+                    for q in 0..P {
+                        let (lo, hi, m) = (acc_lo[q], acc_hi[q], mins[q]);
+                        let row0 = _mm_add_ps(_mm256_castps256_ps128(lo), _mm256_castps256_ps128(hi));
+                        let row1 = _mm_add_ps(_mm256_extractf128_ps(lo, 1), _mm256_extractf128_ps(hi, 1));
+                        let (min0, min1) = if with_min {
+                            (_mm_cvtss_f32(_mm_movehdup_ps(m)), _mm_cvtss_f32(_mm_shuffle_ps(m, m, 3)))
+                        } else {
+                            (0.0, 0.0)
+                        };
+                        let o = 2 * (first + q);
+                        *out.get_unchecked_mut(o) = hsum128(row0) + min0;
+                        *out.get_unchecked_mut(o + 1) = hsum128(row1) + min1;
+                    }
                 }
             }
 
