@@ -398,6 +398,7 @@ mod x86 {
 
                 use super::super::{centre, rows_scalar, MlxLayout, MlxRowsData, ScaleKind};
                 use super::{prefetch_linear, prefetch_scales, scales_ahead, SPLIT_ACTS};
+                use crate::native::x86::{high_nibbles, pair_halves};
                 use crate::native::quantize::{BlockQ8, QK8};
 
                 /// Horizontal sum of 8 floats (ggml's `hsum_float_8` order).
@@ -713,13 +714,11 @@ mod x86 {
                                 let sa = _mm_set1_ps(ab.s);
                                 for q in 0..P {
                                     // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
+                                    // (The pair's second row follows its first in `rows.data`.)
                                     let b0 = r0.add(2 * q * rb + i * BLOCK_BYTES);
-                                    let v = _mm256_set_m128i(
-                                        _mm_loadu_si128(b0.add(rb) as *const __m128i),
-                                        _mm_loadu_si128(b0 as *const __m128i),
-                                    );
+                                    let v = pair_halves(b0, b0.add(rb));
                                     let q_even = _mm256_and_si256(v, nibble);
-                                    let q_odd = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
+                                    let q_odd = high_nibbles(v);
                                     // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
                                     let sums = _mm256_add_epi16(
                                         _mm256_maddubs_epi16(q_even, a_even),

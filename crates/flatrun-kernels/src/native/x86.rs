@@ -88,15 +88,14 @@ pub(crate) unsafe fn vmovq_to_xmm(bits: u64) -> __m128i {
 }
 
 /// One Q8 activation block as the one-token 4/5-bit legacy kernels read it
-/// (`legacy_gemv_halves`): every field a plain aligned load, so the loop spends no shuffle µop
-/// on broadcasts (each costs one on Zen 3).
+/// (`legacy_gemv_halves`), everything a block needs in two cache lines: its values, the offset
+/// sums of Q4_0/Q5_0 already in both 128-bit lanes, and its `d` and `s` four times each (plain
+/// loads where the loop used to broadcast).
 #[repr(C, align(32))]
 #[derive(Clone, Copy)]
 pub(crate) struct HalvesAct {
-    /// Values 0..16 in both 128-bit lanes.
-    lo: [i8; 32],
-    /// Values 16..32 in both lanes.
-    hi: [i8; 32],
+    /// The block's 32 values.
+    qs: [i8; 32],
     /// Q4_0/Q5_0: the offset (8 or 16) times each four values' sum, values 0..16 (four i32
     /// lanes) in both lanes; unused for the other formats.
     off_lo: [i32; 8],
@@ -110,8 +109,7 @@ pub(crate) struct HalvesAct {
 
 impl HalvesAct {
     const ZERO: HalvesAct = HalvesAct {
-        lo: [0; 32],
-        hi: [0; 32],
+        qs: [0; 32],
         off_lo: [0; 8],
         off_hi: [0; 8],
         d: [0.0; 4],
@@ -123,6 +121,87 @@ thread_local! {
     /// Per thread: the one-token activations as [`HalvesAct`] blocks, reused across calls.
     static HALVES_ACTS: std::cell::RefCell<Vec<HalvesAct>> = const { std::cell::RefCell::new(Vec::new()) };
 }
+
+/// One Q8_K activation block (256 values) as the one-token IQ4_XS kernel reads it
+/// (`iq4_xs_gemv_rows`): for each 32-value sub-block `ib`, rows `4·ib ..` hold `|a|` of values
+/// 0..16, `|a|` of values 16..32, then `a` of values 0..16 and 16..32, each 16 bytes twice (both
+/// 128-bit lanes), so the loop reads them with plain loads instead of broadcasts.
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub(crate) struct Iq4XsAct([[i8; 32]; 32]);
+
+thread_local! {
+    /// Per thread: the one-token activations as [`Iq4XsAct`] blocks, reused across calls.
+    static IQ4_XS_ACTS: std::cell::RefCell<Vec<Iq4XsAct>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// (Shared by every AVX2+ module: inlined into callers with more features.)
+///
+/// The 16 bytes at `p0` in the low 128-bit lane and the 16 at `p1` in the high one,
+/// from two 32-byte loads and a `vpblendd` (any vector pipe) rather than a load and
+/// a `vinserti128` (a shuffle µop, and the one-token kernels are short of shuffle
+/// pipes on Zen 3). Reads 16 bytes past `p0 + 16` and 16 before `p1`: callers pass
+/// `p1` at least 16 bytes after the start of their slice and `p0 + 32` inside it
+/// (`p0` in a row before `p1`'s).
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn pair_halves(p0: *const u8, p1: *const u8) -> __m256i {
+    let first = _mm256_loadu_si256(p0 as *const __m256i);
+    let second = _mm256_loadu_si256(p1.sub(16) as *const __m256i);
+    _mm256_blend_epi32(first, second, 0xF0)
+}
+
+/// The high nibble of every byte, by a 16-bit multiply-high (`x · 2^12 >> 16`, on the
+/// multiply pipes) instead of a shift (on the shuffle pipes), then a mask. As asm:
+/// LLVM turns the intrinsic back into the shift.
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn high_nibbles(v: __m256i) -> __m256i {
+    let shifted: __m256i;
+    // SAFETY: `vpmulhuw` only reads and writes vector registers (AVX2, enabled here).
+    unsafe {
+        std::arch::asm!(
+            "vpmulhuw {s}, {v}, {k}",
+            s = lateout(ymm_reg) shifted,
+            v = in(ymm_reg) v,
+            k = in(ymm_reg) _mm256_set1_epi16(1 << 12),
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
+}
+
+/// One Q8_0 activation block as the one-token Q1_0 kernel reads it (`q1_0_gemv_rows`): its
+/// values, `Σ a` per four values, and its scale eight times (a plain load where the loop would
+/// broadcast).
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+pub(crate) struct Q1Act {
+    qs: [i8; 32],
+    total: [i32; 8],
+    d: [f32; 8],
+}
+
+thread_local! {
+    /// Per thread: the one-token activations as [`Q1Act`] blocks, reused across calls.
+    static Q1_ACTS: std::cell::RefCell<Vec<Q1Act>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `vpshufb` controls of the Q1_0 kernel: for sub-block `s`, bits bytes `4s`, `4s + 1` spread over
+/// the low lane (8 bytes each) and `4s + 2`, `4s + 3` over the high lane.
+static Q1_SPREAD: [[u8; 32]; 4] = {
+    let mut t = [[0u8; 32]; 4];
+    let mut s = 0;
+    while s < 4 {
+        let mut j = 0;
+        while j < 32 {
+            t[s][j] = (4 * s + j / 8) as u8;
+            j += 1;
+        }
+        s += 1;
+    }
+    t
+};
 
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
@@ -388,10 +467,6 @@ macro_rules! x86_kernels {
                 out[1] = hsum(acc1) + min1;
             }
 
-            /// Most activation blocks (columns / 32) whose offset sums [`legacy_gemv_halves`]
-            /// keeps on the stack (32 KiB); wider rows take [`legacy_gemv2`].
-            const MAX_OFFSET_BLOCKS: usize = 1024;
-
             /// The same block of two rows (`b0`, `b1`) of a 4/5-bit legacy format as two vectors
             /// in "halves" layout: `lo` = [row 0 values 0..16 | row 1 values 0..16], `hi` = [row 0
             /// values 16..32 | row 1 values 16..32] (the low and the high nibbles of each row's
@@ -411,12 +486,16 @@ macro_rules! x86_kernels {
                     Q5_1 => 8,
                     _ => 2,
                 };
-                let v = _mm256_set_m128i(
-                    _mm_loadu_si128(b1.add(qs) as *const __m128i),
-                    _mm_loadu_si128(b0.add(qs) as *const __m128i),
-                );
+                // (`b1` is a later row of the caller's slice than `b0`: see `pair_halves`.)
+                let five = T == Q5_0 || T == Q5_1;
+                let v = if five {
+                    _mm256_set_m128i(_mm_loadu_si128(b1.add(qs) as *const __m128i), _mm_loadu_si128(b0.add(qs) as *const __m128i))
+                } else {
+                    super::pair_halves(b0.add(qs), b1.add(qs))
+                };
                 let m4 = _mm256_set1_epi8(0x0F);
-                let (mut lo, mut hi) = (_mm256_and_si256(v, m4), _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
+                let hi = if five { _mm256_and_si256(_mm256_srli_epi16(v, 4), m4) } else { super::high_nibbles(v) };
+                let (mut lo, mut hi) = (_mm256_and_si256(v, m4), hi);
                 if T == Q5_0 || T == Q5_1 {
                     // The fifth bits: bit j of a block's 32-bit `qh` belongs to value j. With row 0's
                     // `qh` in the low lane and row 1's in the high one, `vpshufb` spreads qh bytes 0–1
@@ -484,8 +563,7 @@ macro_rules! x86_kernels {
                 let off = _mm256_set1_epi8(offset);
                 for (p, ab) in prep.iter_mut().zip(&a[..nb]) {
                     let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                    _mm256_store_si256(p.lo.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(ay, ay, 0x00));
-                    _mm256_store_si256(p.hi.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(ay, ay, 0x11));
+                    _mm256_store_si256(p.qs.as_mut_ptr() as *mut __m256i, ay);
                     if offset != 0 {
                         let o = $mul_sum(off, ay);
                         _mm256_store_si256(p.off_lo.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(o, o, 0x00));
@@ -538,8 +616,10 @@ macro_rules! x86_kernels {
                         // One linear prefetch stream over the pass's rows (see `legacy_gemv2`).
                         super::prefetch_linear(r0.wrapping_add(2 * P * i * TS), 2 * P * TS);
                         let ab = a.get_unchecked(i);
-                        let ay_lo = _mm256_load_si256(ab.lo.as_ptr() as *const __m256i);
-                        let ay_hi = _mm256_load_si256(ab.hi.as_ptr() as *const __m256i);
+                        // (Broadcast loads: measured no slower than stored copies in both lanes,
+                        // and faster for the 5-bit formats.)
+                        let ay_lo = _mm256_broadcastsi128_si256(_mm_load_si128(ab.qs.as_ptr() as *const __m128i));
+                        let ay_hi = _mm256_broadcastsi128_si256(_mm_load_si128(ab.qs.as_ptr().add(16) as *const __m128i));
                         let da = _mm_load_ps(ab.d.as_ptr());
                         for q in 0..P {
                             let b0 = r0.add(2 * q * rb + i * TS);
@@ -717,21 +797,20 @@ macro_rules! x86_kernels {
                 const R: usize = Q1_ROWS;
                 let n = rows.len() / rb;
                 let nb = rb / 18;
-                let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
                 let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
                 let ones = _mm256_set1_epi8(1);
                 let (ones16, twos16) = (_mm256_set1_epi16(1), _mm256_set1_epi16(2));
-                let lane_sums = |ab: &BlockQ8| {
+                // The activations once per call as the loop reads them, with Σ a per four values
+                // (exact: at most 4 · 127).
+                let mut prep = super::Q1_ACTS.with(|c| c.take());
+                prep.clear();
+                prep.resize(4 * nb, super::Q1Act { qs: [0; 32], total: [0; 8], d: [0.0; 8] });
+                for (p, ab) in prep.iter_mut().zip(&a[..4 * nb]) {
                     let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones, ay), ones16)
-                };
-                // Σ a per four values of every activation block (exact: at most 4 · 127).
-                let mut totals = [const { std::mem::MaybeUninit::<__m256i>::uninit() }; MAX_OFFSET_BLOCKS];
-                let table = 4 * nb <= MAX_OFFSET_BLOCKS;
-                if table {
-                    for (slot, ab) in totals.iter_mut().zip(&a[..4 * nb]) {
-                        slot.write(lane_sums(ab));
-                    }
+                    _mm256_store_si256(p.qs.as_mut_ptr() as *mut __m256i, ay);
+                    let total = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, ay), ones16);
+                    _mm256_store_si256(p.total.as_mut_ptr() as *mut __m256i, total);
+                    p.d = [ab.d; 8];
                 }
                 for (group, o) in rows.chunks_exact(R * rb).zip(out.chunks_exact_mut(R)) {
                     let base = group.as_ptr();
@@ -741,15 +820,18 @@ macro_rules! x86_kernels {
                         super::prefetch_linear(base.wrapping_add(R * i * 18), R * 18);
                         let block = |r: usize| base.add(r * rb + i * 18);
                         // Each row's 128 bits in both lanes: one load serves its four sub-blocks.
-                        let bits: [__m256i; R] = std::array::from_fn(|r| _mm256_broadcastsi128_si256(_mm_loadu_si128(block(r).add(2) as *const __m128i)));
+                        let mut bits = [_mm256_setzero_si256(); R];
+                        for r in 0..R {
+                            bits[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128(block(r).add(2) as *const __m128i));
+                        }
                         let mut blk = [_mm256_setzero_ps(); R];
                         for sub in 0..4 {
-                            let ab = a.get_unchecked(4 * i + sub);
-                            let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                            let total = if table { totals.get_unchecked(4 * i + sub).assume_init() } else { lane_sums(ab) };
-                            let da = _mm256_set1_ps(ab.d);
+                            let ab = prep.get_unchecked(4 * i + sub);
+                            let ay = _mm256_load_si256(ab.qs.as_ptr() as *const __m256i);
+                            let total = _mm256_load_si256(ab.total.as_ptr() as *const __m256i);
+                            let da = _mm256_load_ps(ab.d.as_ptr());
                             // Bytes 4·sub, 4·sub + 1 of the bits to the low lane, 4·sub + 2, 4·sub + 3 to the high one.
-                            let spread = _mm256_add_epi8(spread, _mm256_set1_epi8(4 * sub as i8));
+                            let spread = _mm256_loadu_si256(super::Q1_SPREAD[sub].as_ptr() as *const __m256i);
                             for r in 0..R {
                                 let spread_bits = shuffle_bytes(bits[r], spread);
                                 let set = min_epu8(_mm256_and_si256(spread_bits, bit), ones);
@@ -773,6 +855,7 @@ macro_rules! x86_kernels {
                         o[r] = hsum(acc[r]);
                     }
                 }
+                super::Q1_ACTS.with(|c| c.replace(prep));
                 for r in n / R * R..n {
                     q1_0_n::<1>(&rows[r * rb..(r + 1) * rb], &[a], &mut out[r..r + 1]);
                 }
@@ -1918,18 +2001,14 @@ macro_rules! x86_kernels {
                 )
             }
 
-            /// Most Q8_K activation blocks whose absolute values [`iq4_xs_gemv_rows`] keeps on the
-            /// stack (32 KiB: rows of up to 32768 values); wider rows take `iq4_xs_n`.
-            const MAX_ABS_BLOCKS: usize = 128;
-
             /// One token × every row of a group of IQ4_XS, two adjacent rows at a time in the
             /// "halves" layout of [`legacy_gemv_halves`] (an odd last row through
             /// `iq4_xs_n::<false, 1>`). A sub-block's 16 bytes of both rows are unpacked together:
             /// `lo` = [row 0 values 0..16 | row 1 values 0..16], `hi` = the values 16..32, dotted
             /// with the matching 16 activations in both lanes as `maddubs(|a|, sign(L, a))`: the
             /// same pair sums as `iq4_xs_n`'s `maddubs(|L|, sign(a, L))` (Q8_K values are in
-            /// −127..=127, so nothing wraps, and |a·L| ≤ 127² never saturates), with `|a|` computed
-            /// once per call; each weighted by `[row 0 scale | row 1 scale]`. Lanes 0..4 of a block's `lo` sum are row 0's
+            /// −127..=127, so nothing wraps, and |a·L| ≤ 127² never saturates), with `|a|` and `a`
+            /// laid out once per call ([`super::Iq4XsAct`]); each weighted by `[row 0 scale | row 1 scale]`. Lanes 0..4 of a block's `lo` sum are row 0's
             /// lanes 0..4 of `iq4_xs_n`'s `sumi`, lanes 0..4 of `hi` its lanes 4..8 (lanes 4..8:
             /// row 1), so two lane permutes give each row's `sumi` exactly; then `acc =
             /// fma(d·d_a, sumi, acc)` per block and `hsum(acc)`, bit for bit `iq4_xs_n::<false, 1>`.
@@ -1940,22 +2019,22 @@ macro_rules! x86_kernels {
                 const TS: usize = 136;
                 let n = rows.len() / rb;
                 let nb = rb / TS;
-                if nb > MAX_ABS_BLOCKS {
-                    for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(1)) {
-                        iq4_xs_n::<false, 1>(row, &[a], o);
+                let mut prep = super::IQ4_XS_ACTS.with(|c| c.take());
+                prep.clear();
+                prep.resize(nb, super::Iq4XsAct([[0; 32]; 32]));
+                for (p, ab) in prep.iter_mut().zip(&a[..nb]) {
+                    for ib in 0..8 {
+                        let ay = _mm256_loadu_si256(ab.qs.as_ptr().add(32 * ib) as *const __m256i);
+                        let abs = _mm256_abs_epi8(ay);
+                        let dst = p.0.as_mut_ptr().add(4 * ib) as *mut __m256i;
+                        _mm256_store_si256(dst, _mm256_permute2x128_si256(abs, abs, 0x00));
+                        _mm256_store_si256(dst.add(1), _mm256_permute2x128_si256(abs, abs, 0x11));
+                        _mm256_store_si256(dst.add(2), _mm256_permute2x128_si256(ay, ay, 0x00));
+                        _mm256_store_si256(dst.add(3), _mm256_permute2x128_si256(ay, ay, 0x11));
                     }
-                    return;
-                }
-                // |a| of every activation, in the layout of the blocks' `qs`.
-                let mut abs_qs = [const { std::mem::MaybeUninit::<[__m256i; 8]>::uninit() }; MAX_ABS_BLOCKS];
-                for (slot, ab) in abs_qs.iter_mut().zip(&a[..nb]) {
-                    slot.write(std::array::from_fn(|k| {
-                        _mm256_abs_epi8(_mm256_loadu_si256(ab.qs.as_ptr().add(32 * k) as *const __m256i))
-                    }));
                 }
                 let table = iq4nl_table();
                 let m4 = _mm256_set1_epi8(0x0F);
-                let broadcast = |p: *const i8| _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
                 for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(2)) {
                     let (r0, r1) = (pair.as_ptr(), pair.as_ptr().add(rb));
                     let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
@@ -1964,7 +2043,7 @@ macro_rules! x86_kernels {
                         // One linear prefetch stream over the pair (see `legacy_gemv2`).
                         super::prefetch_lines(r0.wrapping_add(2 * i * TS), 2 * TS);
                         let ab = a.get_unchecked(i);
-                        let abs = abs_qs.get_unchecked(i).as_ptr() as *const i8;
+                        let act = prep.get_unchecked(i).0.as_ptr() as *const __m256i;
                         let (b0, b1) = (r0.add(i * TS), r1.add(i * TS));
                         // Lanes 0 and 2: d0·d_a, d1·d_a.
                         let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
@@ -1974,16 +2053,14 @@ macro_rules! x86_kernels {
                         }
                         let (mut sum_lo, mut sum_hi) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                         for ib in 0..8 {
-                            let v = _mm256_set_m128i(
-                                _mm_loadu_si128(b1.add(8 + 16 * ib) as *const __m128i),
-                                _mm_loadu_si128(b0.add(8 + 16 * ib) as *const __m128i),
-                            );
+                            let v = super::pair_halves(b0.add(8 + 16 * ib), b1.add(8 + 16 * ib));
                             let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, m4));
-                            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), m4));
-                            let ay = ab.qs.as_ptr().add(32 * ib);
+                            let hi = _mm256_shuffle_epi8(table, super::high_nibbles(v));
                             let s = iq4_xs_pick_scale(s03, s47, ib);
-                            let p_lo = _mm256_maddubs_epi16(broadcast(abs.add(32 * ib)), _mm256_sign_epi8(lo, broadcast(ay)));
-                            let p_hi = _mm256_maddubs_epi16(broadcast(abs.add(32 * ib + 16)), _mm256_sign_epi8(hi, broadcast(ay.add(16))));
+                            let (abs_lo, abs_hi) = (_mm256_load_si256(act.add(4 * ib)), _mm256_load_si256(act.add(4 * ib + 1)));
+                            let (a_lo, a_hi) = (_mm256_load_si256(act.add(4 * ib + 2)), _mm256_load_si256(act.add(4 * ib + 3)));
+                            let p_lo = _mm256_maddubs_epi16(abs_lo, _mm256_sign_epi8(lo, a_lo));
+                            let p_hi = _mm256_maddubs_epi16(abs_hi, _mm256_sign_epi8(hi, a_hi));
                             sum_lo = _mm256_add_epi32(sum_lo, _mm256_madd_epi16(p_lo, s));
                             sum_hi = _mm256_add_epi32(sum_hi, _mm256_madd_epi16(p_hi, s));
                         }
@@ -1995,6 +2072,7 @@ macro_rules! x86_kernels {
                     o[0] = hsum(acc0);
                     o[1] = hsum(acc1);
                 }
+                super::IQ4_XS_ACTS.with(|c| c.replace(prep));
                 if n % 2 == 1 {
                     iq4_xs_n::<false, 1>(&rows[(n - 1) * rb..], &[a], &mut out[n - 1..n]);
                 }
