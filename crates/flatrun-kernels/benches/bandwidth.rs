@@ -33,6 +33,11 @@
 //! (`--pages small`: `MADV_NOHUGEPAGE`). Real weights are a memory-mapped file in the page
 //! cache, mapped with 4 KiB pages: `--pages small` is the closer model of decode.
 //!
+//! `--gemm` adds a table of one 64-token GEMM against 64 one-token GEMVs per format, on the
+//! real projection shapes of `GEMM_SHAPES` (cache-resident: the GEMVs run at their compute
+//! rate, repeated 20 times) and on the format's large matrix above ("streamed": its GEMVs read
+//! from memory, as decode does).
+//!
 //! Each thread count runs in its own child process (the kernel pool is sized once per
 //! process); the parent prints their tables.
 
@@ -586,14 +591,19 @@ fn gemm_table(o: &Options, k: &NativeKernels) {
         "\n| format | matrix | GEMV µs | GEMM{GEMM_TOKENS} ms | GEMM GFLOP/s | {GEMM_TOKENS} × GEMV ÷ GEMM |"
     );
     println!("|---|---|---|---|---|---|");
-    for &(t, _, _) in LARGE {
+    for &(t, large_rows, large_cols) in LARGE {
         if !selected(o, t) {
             continue;
         }
-        for &(rows, cols) in GEMM_SHAPES {
+        // The real projection shapes (cache-resident: the GEMVs run at their compute rate,
+        // the hard comparison), then the format's large matrix, whose GEMVs stream from
+        // memory as decode does.
+        let large = (large_rows, large_cols);
+        for &(rows, cols) in GEMM_SHAPES.iter().chain(std::iter::once(&large)) {
             if cols % t.block_size() != 0 {
                 continue;
             }
+            let streamed = (rows, cols) == large;
             let mut bytes = vec![0u8; rows * cols / t.block_size() * t.type_size()];
             fill_weights(t, &mut bytes);
             let Ok(w) = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None) else {
@@ -606,7 +616,7 @@ fn gemm_table(o: &Options, k: &NativeKernels) {
             let (mut gemv_us, mut gemm_ms, mut gflops, mut ratio) =
                 (vec![], vec![], vec![], vec![]);
             for _ in 0..o.reps {
-                let reps = 20;
+                let reps = if streamed { 3 } else { 20 };
                 let (v, _) = fastest(3, || {
                     for _ in 0..reps {
                         k.matmul(&w, black_box(&xs[..cols]), 1, &mut outs[..rows])
@@ -624,8 +634,9 @@ fn gemm_table(o: &Options, k: &NativeKernels) {
                 ratio.push(v * GEMM_TOKENS as f64 / m);
             }
             println!(
-                "| {} | {rows}×{cols} | {} | {} | {} | {} |",
+                "| {} | {rows}×{cols}{} | {} | {} | {} | {} |",
                 t.traits().name,
+                if streamed { " (streamed)" } else { "" },
                 fmt3(median_min_max(&gemv_us), 1),
                 fmt3(median_min_max(&gemm_ms), 2),
                 fmt3(median_min_max(&gflops), 1),

@@ -1491,6 +1491,10 @@ macro_rules! x86_kernels {
                     let b = row.as_ptr().add(i * 84);
                     let sc = std::slice::from_raw_parts(b, 16);
                     let (d, dmin) = f16_pair(b.add(80));
+                    // The 16 mins (high nibbles of the scale bytes) as i16, for one `vpmaddwd`
+                    // against each token's group sums.
+                    let raw = _mm_loadu_si128(b as *const __m128i);
+                    let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
                     let mut sumi = [_mm256_setzero_si256(); N];
                     for half in 0..2 {
                         let mut q = _mm256_loadu_si256(b.add(16 + 32 * half) as *const __m256i);
@@ -1508,10 +1512,9 @@ macro_rules! x86_kernels {
                     }
                     for t in 0..N {
                         let a = acts.get_unchecked(t).get_unchecked(i);
-                        let mut summ = 0i32;
-                        for g in 0..16 {
-                            summ += (sc[g] >> 4) as i32 * a.bsums[g] as i32;
-                        }
+                        // Σ_g min[g]·bsums[g], exact.
+                        let bs = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
+                        let summ = hsum_i32(_mm256_madd_epi16(mins16, bs));
                         if WIDE {
                             mins[t] = tiled_step(mins[t], hsum_i32(sumi[t]), summ, d, dmin, a.d);
                         } else {
