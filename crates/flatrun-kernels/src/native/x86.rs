@@ -621,6 +621,23 @@ macro_rules! x86_kernels {
                         let ay_lo = _mm256_broadcastsi128_si256(_mm_load_si128(ab.qs.as_ptr() as *const __m128i));
                         let ay_hi = _mm256_broadcastsi128_si256(_mm_load_si128(ab.qs.as_ptr().add(16) as *const __m128i));
                         let da = _mm_load_ps(ab.d.as_ptr());
+                        // Two pairs without mins: the four rows' f16 scales in one 64-bit move, one
+                        // conversion and one multiply, `[d0·d_a ×4 | d1·d_a ×4]` and `[d2·d_a ×4 |
+                        // d3·d_a ×4]` by two lane permutes (the same f32 products as ggml's).
+                        let four_rows = P == 2 && !with_min;
+                        let mut dd4 = [_mm256_setzero_ps(); P];
+                        if four_rows {
+                            let word = |k: usize| {
+                                let p = r0.add(k * rb + i * TS);
+                                u16::from_le_bytes([*p, *p.add(1)]) as u64
+                            };
+                            let bits = word(0) | word(1) << 16 | word(2) << 32 | word(3) << 48;
+                            // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                            let d4 = _mm_cvtph_ps(unsafe { super::vmovq_to_xmm(bits) });
+                            let scaled = _mm256_castps128_ps256(_mm_mul_ps(d4, da));
+                            dd4[0] = _mm256_permutevar8x32_ps(scaled, _mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0));
+                            dd4[P - 1] = _mm256_permutevar8x32_ps(scaled, _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2));
+                        }
                         for q in 0..P {
                             let b0 = r0.add(2 * q * rb + i * TS);
                             let (lo, hi, dm) = halves_block::<T>(b0, b0.add(rb), table);
@@ -637,8 +654,11 @@ macro_rules! x86_kernels {
                                 p_hi = _mm256_sub_epi32(p_hi, _mm256_load_si256(ab.off_hi.as_ptr() as *const __m256i));
                             }
                             // [d0·d_a ×4 | d1·d_a ×4]: the same f32 products as ggml's `d_w * d_a`.
-                            let scaled = _mm_mul_ps(dm, da);
-                            let dd = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(scaled), pick);
+                            let dd = if four_rows {
+                                dd4[q]
+                            } else {
+                                _mm256_permutevar8x32_ps(_mm256_castps128_ps256(_mm_mul_ps(dm, da)), pick)
+                            };
                             acc_lo[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_lo), acc_lo[q]);
                             acc_hi[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_hi), acc_hi[q]);
                             if with_min {
