@@ -171,38 +171,6 @@ pub(crate) unsafe fn high_nibbles(v: __m256i) -> __m256i {
     _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
-/// One Q8_0 activation block as the one-token Q1_0 kernel reads it (`q1_0_gemv_rows`): its
-/// values, `Σ a` per four values, and its scale eight times (a plain load where the loop would
-/// broadcast).
-#[repr(C, align(32))]
-#[derive(Clone, Copy)]
-pub(crate) struct Q1Act {
-    qs: [i8; 32],
-    total: [i32; 8],
-    d: [f32; 8],
-}
-
-thread_local! {
-    /// Per thread: the one-token activations as [`Q1Act`] blocks, reused across calls.
-    static Q1_ACTS: std::cell::RefCell<Vec<Q1Act>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// `vpshufb` controls of the Q1_0 kernel: for sub-block `s`, bits bytes `4s`, `4s + 1` spread over
-/// the low lane (8 bytes each) and `4s + 2`, `4s + 3` over the high lane.
-static Q1_SPREAD: [[u8; 32]; 4] = {
-    let mut t = [[0u8; 32]; 4];
-    let mut s = 0;
-    while s < 4 {
-        let mut j = 0;
-        while j < 32 {
-            t[s][j] = (4 * s + j / 8) as u8;
-            j += 1;
-        }
-        s += 1;
-    }
-    t
-};
-
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
 macro_rules! tile {
     ($kernel:ident $(, $c:expr)*; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
@@ -757,6 +725,10 @@ macro_rules! x86_kernels {
                 }
             }
 
+            /// Most activation blocks (columns / 32) whose `Σ a` [`q1_0_gemv_rows`] keeps on the
+            /// stack (32 KiB); wider rows compute it in the loop.
+            const MAX_OFFSET_BLOCKS: usize = 1024;
+
             /// Rows per group of the one-token Q1_0 kernel [`q1_0_gemv_rows`] (at most 4: their
             /// f16 scales share one 64-bit move).
             const Q1_ROWS: usize = 4;
@@ -817,20 +789,21 @@ macro_rules! x86_kernels {
                 const R: usize = Q1_ROWS;
                 let n = rows.len() / rb;
                 let nb = rb / 18;
+                let spread = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
                 let bit = _mm256_set1_epi64x(0x8040201008040201u64 as i64);
                 let ones = _mm256_set1_epi8(1);
                 let (ones16, twos16) = (_mm256_set1_epi16(1), _mm256_set1_epi16(2));
-                // The activations once per call as the loop reads them, with Σ a per four values
-                // (exact: at most 4 · 127).
-                let mut prep = super::Q1_ACTS.with(|c| c.take());
-                prep.clear();
-                prep.resize(4 * nb, super::Q1Act { qs: [0; 32], total: [0; 8], d: [0.0; 8] });
-                for (p, ab) in prep.iter_mut().zip(&a[..4 * nb]) {
+                let lane_sums = |ab: &BlockQ8| {
                     let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                    _mm256_store_si256(p.qs.as_mut_ptr() as *mut __m256i, ay);
-                    let total = _mm256_madd_epi16(_mm256_maddubs_epi16(ones, ay), ones16);
-                    _mm256_store_si256(p.total.as_mut_ptr() as *mut __m256i, total);
-                    p.d = [ab.d; 8];
+                    _mm256_madd_epi16(_mm256_maddubs_epi16(ones, ay), ones16)
+                };
+                // Σ a per four values of every activation block (exact: at most 4 · 127).
+                let mut totals = [const { std::mem::MaybeUninit::<__m256i>::uninit() }; MAX_OFFSET_BLOCKS];
+                let table = 4 * nb <= MAX_OFFSET_BLOCKS;
+                if table {
+                    for (slot, ab) in totals.iter_mut().zip(&a[..4 * nb]) {
+                        slot.write(lane_sums(ab));
+                    }
                 }
                 for (group, o) in rows.chunks_exact(R * rb).zip(out.chunks_exact_mut(R)) {
                     let base = group.as_ptr();
@@ -840,18 +813,15 @@ macro_rules! x86_kernels {
                         super::prefetch_linear(base.wrapping_add(R * i * 18), R * 18);
                         let block = |r: usize| base.add(r * rb + i * 18);
                         // Each row's 128 bits in both lanes: one load serves its four sub-blocks.
-                        let mut bits = [_mm256_setzero_si256(); R];
-                        for r in 0..R {
-                            bits[r] = _mm256_broadcastsi128_si256(_mm_loadu_si128(block(r).add(2) as *const __m128i));
-                        }
+                        let bits: [__m256i; R] = std::array::from_fn(|r| _mm256_broadcastsi128_si256(_mm_loadu_si128(block(r).add(2) as *const __m128i)));
                         let mut blk = [_mm256_setzero_ps(); R];
                         for sub in 0..4 {
-                            let ab = prep.get_unchecked(4 * i + sub);
-                            let ay = _mm256_load_si256(ab.qs.as_ptr() as *const __m256i);
-                            let total = _mm256_load_si256(ab.total.as_ptr() as *const __m256i);
-                            let da = _mm256_load_ps(ab.d.as_ptr());
+                            let ab = a.get_unchecked(4 * i + sub);
+                            let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                            let total = if table { totals.get_unchecked(4 * i + sub).assume_init() } else { lane_sums(ab) };
+                            let da = _mm256_set1_ps(ab.d);
                             // Bytes 4·sub, 4·sub + 1 of the bits to the low lane, 4·sub + 2, 4·sub + 3 to the high one.
-                            let spread = _mm256_loadu_si256(super::Q1_SPREAD[sub].as_ptr() as *const __m256i);
+                            let spread = _mm256_add_epi8(spread, _mm256_set1_epi8(4 * sub as i8));
                             for r in 0..R {
                                 let spread_bits = shuffle_bytes(bits[r], spread);
                                 let set = min_epu8(_mm256_and_si256(spread_bits, bit), ones);
@@ -875,7 +845,6 @@ macro_rules! x86_kernels {
                         o[r] = hsum(acc[r]);
                     }
                 }
-                super::Q1_ACTS.with(|c| c.replace(prep));
                 for r in n / R * R..n {
                     q1_0_n::<1>(&rows[r * rb..(r + 1) * rb], &[a], &mut out[r..r + 1]);
                 }
