@@ -398,27 +398,8 @@ mod x86 {
 
                 use super::super::{centre, rows_scalar, MlxLayout, MlxRowsData, ScaleKind};
                 use super::{prefetch_linear, prefetch_scales, scales_ahead, SPLIT_ACTS};
-                use crate::native::x86::{high_nibbles, pair_halves};
+                use crate::native::x86::{high_nibbles, hsum, hsum128, pair_halves};
                 use crate::native::quantize::{BlockQ8, QK8};
-
-                /// Horizontal sum of 8 floats (ggml's `hsum_float_8` order).
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn hsum(v: __m256) -> f32 {
-                    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                    _mm_cvtss_f32(s)
-                }
-
-                /// The last two steps of [`hsum`], on the four sums its first step makes.
-                #[inline]
-                #[target_feature(enable = $features)]
-                unsafe fn hsum128(v: __m128) -> f32 {
-                    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                    _mm_cvtss_f32(s)
-                }
 
                 /// The 32 values of a block as unsigned bytes, in value order.
                 #[inline]

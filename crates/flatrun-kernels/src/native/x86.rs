@@ -135,6 +135,25 @@ thread_local! {
     static IQ4_XS_ACTS: std::cell::RefCell<Vec<Iq4XsAct>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// Horizontal sum of 8 floats in ggml's `hsum_float_8` order: lane k + lane k + 4, then
+/// [`hsum128`]. (Shared, like the two helpers below, by every x86 kernel module: a
+/// `target_feature` function inlines into callers whose features include its own.)
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn hsum(v: __m256) -> f32 {
+    hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)))
+}
+
+/// The last two steps of [`hsum`], on four floats: lane 0 + lane 2 and lane 1 + lane 3, then
+/// their sum.
+#[inline]
+#[target_feature(enable = "avx")]
+pub(crate) unsafe fn hsum128(v: __m128) -> f32 {
+    let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
 /// (Shared by every AVX2+ module: inlined into callers with more features.)
 ///
 /// The 16 bytes at `p0` in the low 128-bit lane and the 16 at `p1` in the high one,
@@ -273,18 +292,9 @@ macro_rules! x86_kernels {
 
             use flatrun_format::GgmlType;
 
+            use super::{hsum, hsum128};
             use crate::decode::IQ4NL_LEVELS;
             use crate::native::quantize::{BlockQ8, BlockQ8K};
-
-            /// Horizontal sum of 8 floats.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn hsum(v: __m256) -> f32 {
-                let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                _mm_cvtss_f32(s)
-            }
 
             /// The two little-endian f16 values at `p` and `p + 2` as f32 (4 bytes read).
             /// A zero-extending 32-bit load: converting from a 16-bit insert instead would
@@ -893,15 +903,6 @@ macro_rules! x86_kernels {
                 let bs = _mm256_loadu_si256(a.bsums.as_ptr() as *const __m256i);
                 let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
                 _mm_madd_epi16(mins, pairs)
-            }
-
-            /// Horizontal sum of 4 floats.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn hsum128(v: __m128) -> f32 {
-                let s = _mm_add_ps(v, _mm_movehl_ps(v, v));
-                let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                _mm_cvtss_f32(s)
             }
 
             /// Horizontal sum of 8 i32 lanes (exact).
