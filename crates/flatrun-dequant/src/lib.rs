@@ -15,7 +15,7 @@
 //!   [`validate`] for data read from a file.
 //! - [`handle`]: decode a storage [`flatrun_format::TensorHandle`].
 //! - [`mlx`]: MLX affine quantization ([`MlxAffine`]).
-//! - [`quantize`] and [`quantize_k`]: reference quantizers (Q8_0, Q8_1, Q8_K
+//! - [`mod@quantize`] and [`mod@quantize_k`]: reference quantizers (Q8_0, Q8_1, Q8_K
 //!   for activations; Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q1_0, Q2_0,
 //!   MXFP4, TQ1_0, TQ2_0), byte-exact with ggml's `quantize_row_*_ref`.
 //! - [`inspect`]: statistics and `.npy` output for `flatrun inspect`.

@@ -8,7 +8,7 @@
 //! | directory with `model.safetensors` (or several `*.safetensors`) | [`SafetensorsBackend`] / [`MultiBackend`] |
 //! | directory whose `config.json` has `quantization: {group_size, bits}` | [`MlxBackend`] |
 //!
-//! Adding a format: implement [`StorageBackend`](crate::StorageBackend), add
+//! Adding a format: implement [`StorageBackend`], add
 //! a [`Detector`] to [`DETECTORS`].
 
 use std::path::Path;

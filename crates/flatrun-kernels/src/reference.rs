@@ -31,7 +31,7 @@ use crate::{KernelError, Kernels, Weight};
 
 use crate::decode::is_supported;
 
-/// Independent partial sums of [`dot`].
+/// Independent partial sums of `dot` (this module's f64 dot product).
 pub const DOT_LANES: usize = 16;
 /// Decoded f32 weights one task holds (its rows are dotted with every token in turn).
 const TASK_BYTES: usize = 64 << 10;
