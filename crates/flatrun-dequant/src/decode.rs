@@ -144,7 +144,7 @@ pub fn is_supported(ty: GgmlType) -> bool {
 /// whole number of blocks.
 pub fn block_count(ty: GgmlType, len: usize) -> Result<usize> {
     let block_bytes = ty.type_size();
-    if block_bytes == 0 || len % block_bytes != 0 {
+    if block_bytes == 0 || !len.is_multiple_of(block_bytes) {
         return Err(DequantError::PartialBlock {
             ty,
             len,
@@ -162,7 +162,7 @@ pub fn element_count(ty: GgmlType, len: usize) -> Result<usize> {
 /// Bytes of one row of `row_len` values of `ty`.
 pub fn row_bytes(ty: GgmlType, row_len: usize) -> Result<usize> {
     let block_elems = ty.block_size();
-    if block_elems == 0 || row_len % block_elems != 0 {
+    if block_elems == 0 || !row_len.is_multiple_of(block_elems) {
         return Err(DequantError::PartialBlockElements {
             ty,
             elems: row_len,
@@ -302,7 +302,7 @@ fn row_span(
     let n_rows = if rb == 0 {
         0
     } else {
-        if bytes.len() % rb != 0 {
+        if !bytes.len().is_multiple_of(rb) {
             return Err(DequantError::PartialBlock {
                 ty,
                 len: bytes.len(),

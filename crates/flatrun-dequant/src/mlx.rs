@@ -102,7 +102,7 @@ impl MlxAffine {
     /// whole number of groups.
     pub fn value_count(&self, packed_len: usize) -> Result<usize> {
         let group_bytes = self.group_size / 8 * self.bits as usize;
-        if packed_len % group_bytes != 0 {
+        if !packed_len.is_multiple_of(group_bytes) {
             return Err(DequantError::MlxParams(format!(
                 "{packed_len} packed bytes is not a whole number of {}-value groups of {} bits",
                 self.group_size, self.bits

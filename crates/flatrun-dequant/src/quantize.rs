@@ -368,7 +368,7 @@ impl BlockQuantizer for BlockTq2_0 {
 
 /// Quantize `src` (a whole number of blocks) into `dst` blocks.
 pub fn quantize_blocks<B: BlockQuantizer>(src: &[f32], dst: &mut [B]) -> Result<()> {
-    if src.len() % B::BLOCK_ELEMS != 0 {
+    if !src.len().is_multiple_of(B::BLOCK_ELEMS) {
         return Err(DequantError::PartialBlockElements {
             ty: B::TYPE,
             elems: src.len(),
@@ -404,7 +404,7 @@ pub fn quantize_row_q8_k(src: &[f32], dst: &mut [BlockQ8K]) -> Result<()> {
 }
 
 fn quantize_bytes<B: BlockQuantizer>(src: &[f32], dst: &mut [u8]) -> Result<()> {
-    if src.len() % B::BLOCK_ELEMS != 0 {
+    if !src.len().is_multiple_of(B::BLOCK_ELEMS) {
         return Err(DequantError::PartialBlockElements {
             ty: B::TYPE,
             elems: src.len(),

@@ -138,7 +138,7 @@ impl GgmlType {
     /// whole number of blocks or the product overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
         let bs = self.block_size() as u64;
-        if bs == 0 || n_elements % bs != 0 {
+        if bs == 0 || !n_elements.is_multiple_of(bs) {
             return None;
         }
         (n_elements / bs).checked_mul(self.type_size() as u64)

@@ -215,7 +215,7 @@ impl<'a> Weight<'a> {
                 group_size as usize
             }
         };
-        if block == 0 || self.cols % block != 0 {
+        if block == 0 || !self.cols.is_multiple_of(block) {
             return Err(KernelError::RaggedRow {
                 format: self.format.to_string(),
                 rows: self.rows,

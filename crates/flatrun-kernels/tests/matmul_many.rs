@@ -71,8 +71,8 @@ fn mismatched_outputs_are_an_error() {
     let w = Weight::new(WeightFormat::Ggml(GgmlType::Q8_0), 4, 32, &b, None, None).unwrap();
     let x = vec![0.5f32; 32];
     let k = NativeKernels::new(flatrun_kernels::simd_level());
-    let mut o = vec![0f32; 4];
+    let mut o = [0f32; 4];
     assert!(k.matmul_many(&[&w, &w], &x, 1, &mut [&mut o[..]]).is_err());
-    let mut short = vec![0f32; 3];
+    let mut short = [0f32; 3];
     assert!(k.matmul_many(&[&w], &x, 1, &mut [&mut short[..]]).is_err());
 }

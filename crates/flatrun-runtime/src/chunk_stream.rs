@@ -236,7 +236,7 @@ impl ChunkPlan {
     fn next_shares_block(&self, position: usize, data_end: usize) -> bool {
         let block = memory::release_block();
         let next = (position + 1) % self.chunks.len().max(1);
-        data_end % block != 0
+        !data_end.is_multiple_of(block)
             && self
                 .data_start(next)
                 .is_some_and(|s| s / block == data_end / block)

@@ -180,7 +180,7 @@ pub unsafe fn release_blocks(bytes: &[u8], within: &std::ops::Range<usize>, keep
 /// span of [`crate::chunk_stream::file_bounds`] while its backend lives).
 pub unsafe fn release_span(span: &std::ops::Range<usize>) {
     let page = page_size();
-    if span.end <= span.start || span.start % page != 0 {
+    if span.end <= span.start || !span.start.is_multiple_of(page) {
         return;
     }
     let (start, end) = (span.start, span.end);

@@ -99,7 +99,7 @@ pub mod gguf_writer {
         }
         /// Pad with zeros to a multiple of `alignment`.
         pub fn align(&mut self, alignment: usize) -> &mut Self {
-            while self.bytes.len() % alignment != 0 {
+            while !self.bytes.len().is_multiple_of(alignment) {
                 self.bytes.push(0);
             }
             self

@@ -1808,8 +1808,8 @@ macro_rules! x86_kernels {
             /// ones in the high lane, so chunk c's pair (2c for its first 16 values, 2c + 1 for
             /// the rest) is one `vpshufb` of word c. `high_tables`: [`q3k_high_bits_table`] 0 and 1.
             ///
-            /// The values are unpacked two chunks at a time: chunks s and s + 2 of a half (s = 0,
-            /// 1) take their low bits from bits 2s..2s+2 and 2s+4..2s+6 of `qs` with one mask, and
+            /// The values are unpacked two chunks at a time: chunks s and s + 2 of a half (s is 0
+            /// or 1) take their low bits from bits 2s..2s+2 and 2s+4..2s+6 of `qs` with one mask, and
             /// their high bits from one `vpshufb` of the half's `hmask` nibble into bits 2 and 6,
             /// so one byte holds chunk s's value in its low nibble and chunk s + 2's in its high
             /// nibble. The high nibble is used in place, as 16·value (≤ 112: `maddubs` cannot

@@ -305,7 +305,7 @@ impl SumOrder {
     fn dot_f16(self, k: &[f16], q: &[f32], buf: &mut [f32]) -> f32 {
         let n = k.len().min(q.len());
         #[cfg(target_arch = "x86_64")]
-        if n % self.lanes() == 0 && super::softmax::avx2_available() {
+        if n.is_multiple_of(self.lanes()) && super::softmax::avx2_available() {
             // SAFETY: the host has AVX2, FMA and F16C; both slices hold n values.
             return unsafe {
                 match self {

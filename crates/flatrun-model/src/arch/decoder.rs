@@ -145,7 +145,7 @@ impl LayerPlan {
         let windowed = cfg.is_swa(index);
         let qk_halves_to_pairs = cfg.arch == Arch::Llama
             && cfg.rope_layout == RopeLayout::Neox
-            && cfg.rope_dims % 2 == 0
+            && cfg.rope_dims.is_multiple_of(2)
             && cfg.rope_dims <= cfg.head_dim.min(MAX_PAIRED_DIMS);
         let layout = if qk_halves_to_pairs {
             RopeLayout::Normal
