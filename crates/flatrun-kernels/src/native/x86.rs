@@ -141,7 +141,10 @@ thread_local! {
 #[inline]
 #[target_feature(enable = "avx")]
 pub(crate) unsafe fn hsum(v: __m256) -> f32 {
-    hsum128(_mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)))
+    hsum128(_mm_add_ps(
+        _mm256_castps256_ps128(v),
+        _mm256_extractf128_ps(v, 1),
+    ))
 }
 
 /// The last two steps of [`hsum`], on four floats: lane 0 + lane 2 and lane 1 + lane 3, then
