@@ -15,6 +15,8 @@ if grep -qx aarch64-unknown-linux-gnu <<<"$installed_targets"; then
 else
   echo "test.sh: aarch64 target not installed, skipping its cargo check" >&2
 fi
+# Formatting as rustfmt leaves it (code inside macros is the author's).
+cargo fmt --all --check
 # The API docs build without a warning (broken or private intra-doc links).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 cargo test --release --workspace "$@"
