@@ -136,8 +136,11 @@ thread_local! {
 }
 
 /// Horizontal sum of 8 floats in ggml's `hsum_float_8` order: lane k + lane k + 4, then
-/// [`hsum128`]. (Shared, like the two helpers below, by every x86 kernel module: a
+/// [`hsum128`]. (Shared, like the three helpers below, by every x86 kernel module: a
 /// `target_feature` function inlines into callers whose features include its own.)
+///
+/// # Safety
+/// The CPU must support AVX.
 #[inline]
 #[target_feature(enable = "avx")]
 pub(crate) unsafe fn hsum(v: __m256) -> f32 {
@@ -149,6 +152,9 @@ pub(crate) unsafe fn hsum(v: __m256) -> f32 {
 
 /// The last two steps of [`hsum`], on four floats: lane 0 + lane 2 and lane 1 + lane 3, then
 /// their sum.
+///
+/// # Safety
+/// The CPU must support AVX.
 #[inline]
 #[target_feature(enable = "avx")]
 pub(crate) unsafe fn hsum128(v: __m128) -> f32 {
@@ -157,14 +163,15 @@ pub(crate) unsafe fn hsum128(v: __m128) -> f32 {
     _mm_cvtss_f32(s)
 }
 
-/// (Shared by every AVX2+ module: inlined into callers with more features.)
-///
 /// The 16 bytes at `p0` in the low 128-bit lane and the 16 at `p1` in the high one,
 /// from two 32-byte loads and a `vpblendd` (any vector pipe) rather than a load and
 /// a `vinserti128` (a shuffle µop, and the one-token kernels are short of shuffle
-/// pipes on Zen 3). Reads 16 bytes past `p0 + 16` and 16 before `p1`: callers pass
-/// `p1` at least 16 bytes after the start of their slice and `p0 + 32` inside it
-/// (`p0` in a row before `p1`'s).
+/// pipes on Zen 3).
+///
+/// # Safety
+/// The CPU must support AVX2, and `p0 .. p0 + 32` and `p1 − 16 .. p1 + 16` must be readable:
+/// callers pass `p0` in a row before `p1`'s row of one slice, so the 16 bytes past `p0 + 16`
+/// and the 16 before `p1` lie inside it.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn pair_halves(p0: *const u8, p1: *const u8) -> __m256i {
@@ -176,6 +183,9 @@ pub(crate) unsafe fn pair_halves(p0: *const u8, p1: *const u8) -> __m256i {
 /// The high nibble of every byte, by a 16-bit multiply-high (`x · 2^12 >> 16`, on the
 /// multiply pipes) instead of a shift (on the shuffle pipes), then a mask. As asm:
 /// LLVM turns the intrinsic back into the shift.
+///
+/// # Safety
+/// The CPU must support AVX2.
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn high_nibbles(v: __m256i) -> __m256i {
