@@ -1112,19 +1112,31 @@ macro_rules! x86_kernels {
                 (scales, _mm256_permute2x128_si256(sc0, sc1, 0x31))
             }
 
-            /// A Q4_K block's 8-lane integer scale sum for one token: `madd(maddubs(q, a), scale)`
-            /// of its eight runs of 32 values (the low nibbles of each 32 bytes with scale 2c, the
-            /// high nibbles with 2c + 1), the activations read as memory operands so two rows
-            /// can share them without a spill. Only the lane total is used (exact in i32).
+            /// A Q4_K block's (`FIFTH` false) or Q5_K block's (`FIFTH` true) 8-lane integer scale
+            /// sum for one token: `madd(maddubs(q, a), scale)` of its eight runs of 32 values (the
+            /// low nibbles of each 32 bytes with scale 2c, the high nibbles with 2c + 1; Q5_K adds
+            /// bits 2c and 2c + 1 of `qh` as the fifth bits), the same i32 lanes as `q4_k_n` /
+            /// `q5_k_n`. The activations are read as memory operands, so two rows share them
+            /// without a spill.
             #[inline]
             #[target_feature(enable = $features)]
-            unsafe fn q4k_block_sumi(b: *const u8, scales: __m256i, ab: &BlockQ8K) -> __m256i {
+            unsafe fn k45_block_sumi<const FIFTH: bool>(b: *const u8, scales: __m256i, ab: &BlockQ8K) -> __m256i {
                 let m4 = _mm256_set1_epi8(0x0F);
+                let one = _mm256_set1_epi8(1);
+                // Q5_K: 32 bytes of `qh` between the scales and the values.
+                let qs = if FIFTH { 48 } else { 16 };
+                let mut hb = if FIFTH { _mm256_loadu_si256(b.add(16) as *const __m256i) } else { _mm256_setzero_si256() };
                 let mut sum = _mm256_setzero_si256();
                 for c in 0..4 {
-                    let q = _mm256_loadu_si256(b.add(16 + 32 * c) as *const __m256i);
-                    let lo = _mm256_and_si256(q, m4);
-                    let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    let q = _mm256_loadu_si256(b.add(qs + 32 * c) as *const __m256i);
+                    let mut lo = _mm256_and_si256(q, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    if FIFTH {
+                        // Fifth bits: bit 2c of qh for the low nibbles, 2c+1 for the high ones.
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(hb, one), 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4));
+                        hb = _mm256_srli_epi16(hb, 2);
+                    }
                     let ay = ab.qs.as_ptr().add(64 * c);
                     let dot_lo = scaled_dot_at(lo, ay, k4_scale(scales, 2 * c));
                     let dot_hi = scaled_dot_at(hi, ay.add(32), k4_scale(scales, 2 * c + 1));
@@ -1160,8 +1172,8 @@ macro_rules! x86_kernels {
                         let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
                         let ([sc0, sc1], mn) = k4_scales_mins_pair(b0, b1);
                         // Scale sums, 8 lanes per row.
-                        let sum0 = q4k_block_sumi(b0, sc0, ab);
-                        let sum1 = q4k_block_sumi(b1, sc1, ab);
+                        let sum0 = k45_block_sumi::<false>(b0, sc0, ab);
+                        let sum1 = k45_block_sumi::<false>(b1, sc1, ab);
                         // Min sums: the activations' pairwise group sums against each row's mins
                         // (row 0 in the low lane, row 1 in the high lane, 4 lanes each).
                         let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
@@ -1248,33 +1260,6 @@ macro_rules! x86_kernels {
                 }
             }
 
-            /// A Q5_K block's `sumi` for one token, the same i32 in each of the 8 lanes as
-            /// `q5_k_n`'s: `madd(maddubs(q, a), scale)` of its eight runs of 32 values 0..32 (the
-            /// low nibbles of each 32 bytes with scale 2c and fifth bit 2c of `qh`, the high
-            /// nibbles with 2c + 1), the activations read as memory operands so two rows share them.
-            #[inline]
-            #[target_feature(enable = $features)]
-            unsafe fn q5k_block_sumi(b: *const u8, scales: __m256i, ab: &BlockQ8K) -> __m256i {
-                let m4 = _mm256_set1_epi8(0x0F);
-                let one = _mm256_set1_epi8(1);
-                let mut hb = _mm256_loadu_si256(b.add(16) as *const __m256i);
-                let mut sumi = _mm256_setzero_si256();
-                for c in 0..4 {
-                    // Fifth bits: bit 2c of qh for the low nibbles, 2c+1 for the high ones.
-                    let q = _mm256_loadu_si256(b.add(48 + 32 * c) as *const __m256i);
-                    let h_lo = _mm256_slli_epi16(_mm256_and_si256(hb, one), 4);
-                    let h_hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 1), one), 4);
-                    hb = _mm256_srli_epi16(hb, 2);
-                    let lo = _mm256_or_si256(_mm256_and_si256(q, m4), h_lo);
-                    let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), h_hi);
-                    let ay = ab.qs.as_ptr().add(64 * c);
-                    let dot_lo = scaled_dot_at(lo, ay, k4_scale(scales, 2 * c));
-                    let dot_hi = scaled_dot_at(hi, ay.add(32), k4_scale(scales, 2 * c + 1));
-                    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(dot_lo, dot_hi));
-                }
-                sumi
-            }
-
             /// One token × every row of a group of Q5_K, two adjacent rows at a time (an odd last
             /// row through `q5_k_n::<false, 1>`). Each output is bit for bit `q5_k_n::<false, 1>`'s
             /// (ggml's `vec_dot` order): the same 8 i32 lanes of a block's `sumi` into
@@ -1302,8 +1287,8 @@ macro_rules! x86_kernels {
                         // [d0·d_a, dmin0·d_a, d1·d_a, dmin1·d_a]: the f32 products of `q5_k_n`.
                         let dd = _mm_mul_ps(f16_quad(b0, b1), _mm_set1_ps(ab.d));
                         let ([sc0, sc1], mn) = k4_scales_mins_pair(b0, b1);
-                        let sumi0 = q5k_block_sumi(b0, sc0, ab);
-                        let sumi1 = q5k_block_sumi(b1, sc1, ab);
+                        let sumi0 = k45_block_sumi::<true>(b0, sc0, ab);
+                        let sumi1 = k45_block_sumi::<true>(b1, sc1, ab);
                         // Each row's 4 lanes of min products against the activations' pairwise group sums.
                         let bs = _mm256_loadu_si256(ab.bsums.as_ptr() as *const __m256i);
                         let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
