@@ -531,8 +531,8 @@ macro_rules! x86_kernels {
             /// two halves of a row is that first step. Q4_0 dots its values unsigned and takes
             /// `8·Σa` (per four values, computed once per call) off the exact integer sum instead
             /// of the sign trick; Q5_0 and IQ4_NL dot their signed values as `|a|·(q·sgn a)`. The
-            /// 4-bit formats take two pairs per pass
-            /// ([`halves_pair_runs`]), then a last pair; an odd last row goes through `legacy_n`.
+            /// 4-bit formats take two pairs per pass ([`halves_pair_runs`]), then a last pair; an
+            /// odd last row goes through `legacy_n`.
             #[target_feature(enable = $features)]
             unsafe fn legacy_gemv_halves<const T: u32, const TS: usize>(rows: &[u8], rb: usize, a: &[BlockQ8], out: &mut [f32]) {
                 const Q5_0: u32 = GgmlType::Q5_0 as u32;
