@@ -97,8 +97,7 @@ pub(crate) struct HalvesAct {
     /// The block's 32 values.
     qs: [i8; 32],
     /// Q4_0: the offset 8 times each four values' sum, values 0..16 (four i32 lanes) in both
-    /// lanes. IQ4_NL: the block's `|q|` as 32 bytes (the unsigned side of its
-    /// `vpmaddubsw`). Unused for the other formats.
+    /// lanes; unused for the other formats.
     off_lo: [i32; 8],
     /// The same for values 16..32.
     off_hi: [i32; 8],
@@ -548,9 +547,6 @@ macro_rules! x86_kernels {
                 for (p, ab) in prep.iter_mut().zip(&a[..nb]) {
                     let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
                     _mm256_store_si256(p.qs.as_mut_ptr() as *mut __m256i, ay);
-                    if T == GgmlType::IQ4_NL as u32 {
-                        _mm256_store_si256(p.off_lo.as_mut_ptr() as *mut __m256i, _mm256_sign_epi8(ay, ay));
-                    }
                     if offset != 0 {
                         let o = $mul_sum(off, ay);
                         _mm256_store_si256(p.off_lo.as_mut_ptr() as *mut __m256i, _mm256_permute2x128_si256(o, o, 0x00));
@@ -628,25 +624,15 @@ macro_rules! x86_kernels {
                         for q in 0..P {
                             let b0 = r0.add(2 * q * rb + i * TS);
                             let (lo, hi, head) = halves_block::<T>(b0, b0.add(rb), table);
-                            let (mut p_lo, mut p_hi) = if T == Q5_0 {
-                                // Signed values as `|a|·(q·sgn a)`, `|a|` by `vpabsb` here: in a
-                                // streamed GEMV that measured 0.81–0.91× the time of unsigned
-                                // values with `16·Σa` loaded and taken off (one load fewer per
-                                // vector), though 1.05× when the rows sit in L2.
+                            let (mut p_lo, mut p_hi) = if T == Q5_0 || T == IQ4_NL {
+                                // Signed values × signed activations as `|a|·(q·sgn a)`, one sign op
+                                // per vector (the exact products of ggml's `|q|·(a·sgn q)`), `|a|`
+                                // by `vpabsb` on the loaded activations. For Q5_0 this measured
+                                // 0.81–0.91× the time, streamed, of unsigned values with `16·Σa`
+                                // loaded and taken off (one load fewer per vector), though 1.05×
+                                // when the rows sit in L2.
                                 let (abs_lo, abs_hi) = (_mm256_abs_epi8(ay_lo), _mm256_abs_epi8(ay_hi));
                                 ($mul_sum(abs_lo, _mm256_sign_epi8(lo, ay_lo)), $mul_sum(abs_hi, _mm256_sign_epi8(hi, ay_hi)))
-                            } else if T == IQ4_NL {
-                                // Signed levels × signed activations as `|a|·(q·sgn a)`: one sign
-                                // op per vector (the exact products of ggml's `|q|·(a·sgn q)`).
-                                let abs = ab.off_lo.as_ptr() as *const __m128i;
-                                let (abs_lo, abs_hi) = (
-                                    _mm256_broadcastsi128_si256(_mm_load_si128(abs)),
-                                    _mm256_broadcastsi128_si256(_mm_load_si128(abs.add(1))),
-                                );
-                                (
-                                    $mul_sum(abs_lo, _mm256_sign_epi8(lo, ay_lo)),
-                                    $mul_sum(abs_hi, _mm256_sign_epi8(hi, ay_hi)),
-                                )
                             } else {
                                 ($mul_sum(lo, ay_lo), $mul_sum(hi, ay_hi))
                             };
