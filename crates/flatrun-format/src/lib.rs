@@ -205,6 +205,19 @@ impl Metadata {
     }
 }
 
+/// Where one companion part of a tensor lies ([`StorageBackend::part_spans`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartSpan {
+    /// `"scales"` or `"biases"`, as [`TensorHandle::part`] names it.
+    pub name: &'static str,
+    /// Index into [`StorageBackend::files`].
+    pub file_index: usize,
+    /// Absolute offset of its first byte in that file.
+    pub offset: u64,
+    /// Bytes.
+    pub byte_size: u64,
+}
+
 /// A storage backend: one opened checkpoint.
 pub trait StorageBackend: Send + Sync {
     /// Short format name: `"gguf"`, `"safetensors"`, `"mlx"`.
@@ -252,6 +265,13 @@ pub trait StorageBackend: Send + Sync {
     fn forget_large_metadata_arrays(&mut self, max_elements: usize) -> usize {
         let _ = max_elements;
         0
+    }
+    /// Where the companion parts of tensor `name` (MLX scales and biases)
+    /// lie in the files, so that they can be read like the main data; empty
+    /// for formats whose tensors are one byte range.
+    fn part_spans(&self, name: &str) -> Vec<PartSpan> {
+        let _ = name;
+        Vec::new()
     }
     /// Version of the container format where it has one (GGUF: 2 or 3).
     fn format_version(&self) -> Option<u32> {

@@ -404,6 +404,20 @@ impl StorageBackend for MlxBackend {
         }
         Ok(TensorHandle::new(info, data, parts))
     }
+    fn part_spans(&self, name: &str) -> Vec<crate::PartSpan> {
+        let Some(i) = self.index.find(name) else {
+            return Vec::new();
+        };
+        self.parts[i]
+            .iter()
+            .map(|p| crate::PartSpan {
+                name: p.name,
+                file_index: p.file_index,
+                offset: p.offset,
+                byte_size: p.byte_size,
+            })
+            .collect()
+    }
     fn total_bytes(&self) -> u64 {
         let parts: u64 = self.parts.iter().flatten().map(|p| p.byte_size).sum();
         self.tensors.iter().map(|t| t.byte_size).sum::<u64>() + parts

@@ -59,6 +59,10 @@ pub enum KernelError {
         source: flatrun_dequant::DequantError,
     },
     /// A string that names no backend or SIMD level.
+    /// The weight's bytes could not be fetched (a streamed read failed).
+    #[error("weights unavailable: {what}")]
+    Unavailable { what: String },
+
     #[error("unknown {what} `{got}` (expected one of: {expected})")]
     Parse {
         what: &'static str,

@@ -3,29 +3,27 @@
 //!
 //! ```text
 //! embed (only the rows of the step's tokens)
-//! for each layer i (the scheduler's order = the manifest's):
-//!     request read-ahead of layers i+1 ..= i+depth      (prefetch thread)
-//!     acquire layer i: open its handles, fault its pages in   (I/O wait)
+//! for each layer i (the manifest's order):
+//!     acquire layer i from the weight engine      (I/O wait: kept, read, or chunk by chunk)
 //!     run layer i for every token of every sequence at once
-//!     update each sequence's KV cache of layer i
-//!     release layer i unless the residency plan keeps it  (MADV_DONTNEED)
+//!     release layer i (a streamed layer's buffers go back for the next reads)
 //! final RMS norm
-//! output head, streamed in row chunks → logits
+//! output head: kept rows from the mapping, streamed rows chunk by chunk → logits
 //! ```
 
-use crate::chunk_stream::{file_bounds, ChunkPlan, ChunkStream, ChunkedKernels};
 use crate::error::{Result, RuntimeError};
 use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
 use crate::layer_range::LayerSelection;
 use crate::layer_vectors::LayerVectorStore;
 use crate::memory;
-use crate::options::{KvType, LoadOptions, Prefetch};
-use crate::prefetch::Prefetcher;
+use crate::options::{KvType, LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
 use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
-use crate::stream_reader::StreamSchedule;
+use crate::weights::kernels::{scatter, ChunkedKernels};
+use crate::weights::plan::{file_bounds, rows_from, Granularity, PlanInput};
+use crate::weights::{CachePolicy, LayerLayout, Lease, WeightEngine, WeightPlan};
 use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{ops, Kernels, Weight};
@@ -39,13 +37,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Bytes of one chunk of the output head (streamed row block).
+/// Largest chunk of a head the cap streams.
 const HEAD_CHUNK_BYTES: usize = 4 << 20;
-
-/// Rows of one streamed chunk of an output head whose rows are `row_bytes` long.
-fn head_chunk_rows(row_bytes: usize) -> usize {
-    (HEAD_CHUNK_BYTES / row_bytes.max(1)).max(64)
-}
 
 /// Bytes of one chunk of a head the cap streams: no more than the largest
 /// layer (the read buffers hold a layer anyway, so head chunks cost no extra
@@ -154,33 +147,13 @@ pub struct StreamingExecutor {
     vectors: LayerVectorStore,
     output_norm: Vec<f32>,
     residency: ResidencyPlan,
-    prefetcher: Option<Prefetcher>,
-    /// Capped residency: explicit reads of the streamed layers and head
-    /// chunks into reused buffers (see `stream_reader.rs`).
-    streamer: Option<StreamSchedule>,
-    /// Mapped, streamed matrices (every layer in `Stream` mode, and the head)
-    /// run in row chunks of a fixed byte budget, read ahead chunk by chunk
-    /// (see `chunk_stream.rs`).
-    chunks: Option<ChunkStream>,
-    /// `chunked_layer[i]`: layer `i`'s matrices are in the chunk plan.
-    chunked_layer: Vec<bool>,
+    /// How each layer and the head reach the kernels.
+    weights: WeightPlan,
+    /// Every byte of weights comes through it.
+    engine: WeightEngine,
     /// Unless everything is kept: per backend file, the page-aligned span of
     /// its tensors in the mapping (where pages may be released in blocks).
     mapped_bounds: Vec<Range<usize>>,
-    prefetch_depth: usize,
-    /// Whether every layer has been faulted in once (resident layers then
-    /// need no read-ahead).
-    warmed: bool,
-    /// Acquisitions so far (layers and head), the prefetcher's clock.
-    acquisitions: u64,
-    /// `faulted_in[i]`: layer `i` is kept resident and its pages were
-    /// populated once, so later steps skip the populate call.
-    faulted_in: Vec<bool>,
-    /// The output head is kept resident and its pages were populated once.
-    head_faulted_in: bool,
-    /// Rows at the start of a head the cap streams that are kept mapped
-    /// anyway (the rest of the cap); populated once with `head_faulted_in`.
-    head_kept_rows: usize,
     /// Canonical names of each layer's matrices, in [`MATRIX_ROLES`] order.
     matrix_names: Vec<[String; 7]>,
     /// Buffers of a step (ids, positions, activations, logits), reused.
@@ -233,6 +206,58 @@ fn weight<'a>(h: &TensorHandle<'a>) -> Result<Weight<'a>> {
     })
 }
 
+/// The layer a canonical tensor name belongs to (`usize::MAX` for others).
+fn info_layer(info: &flatrun_format::TensorInfo) -> usize {
+    flatrun_format::canonical_layer_index(&info.name).unwrap_or(usize::MAX)
+}
+
+/// How streamed weights are read. Stream mode reads through the page cache
+/// unless told otherwise; a cap or a custom policy reads through it only
+/// when memory is plentiful: the process's headroom
+/// ([`memory::memory_headroom`]) holds the kept bytes, the streamed ones
+/// twice over (page cache and a margin for what else runs) and 256 MiB.
+fn read_policy(opts: &LoadOptions, plan: &ResidencyPlan, streamed_bytes: u64) -> CachePolicy {
+    let keep = match (opts.stream_reads, opts.residency) {
+        (StreamReads::Direct, _) => false,
+        (StreamReads::PageCache, _) | (StreamReads::Auto, Residency::Stream) => true,
+        (StreamReads::Auto, _) => memory::memory_headroom().is_some_and(|headroom| {
+            headroom >= plan.resident_bytes + 2 * streamed_bytes + (256 << 20)
+        }),
+    };
+    if keep {
+        CachePolicy::Keep
+    } else {
+        CachePolicy::Bypass
+    }
+}
+
+/// A handle of `h`'s tensor whose bytes (and MLX parts) come from `lease`.
+fn leased<'l>(
+    backend: &dyn StorageBackend,
+    h: &TensorHandle<'l>,
+    lease: &'l Lease,
+) -> Result<TensorHandle<'l>> {
+    let info = h.info();
+    let missing = || RuntimeError::StreamRead {
+        tensor: info.name.clone(),
+        what: "not in the streamed layer".into(),
+    };
+    let data = lease
+        .bytes(info.file_index, info.offset, h.bytes().len() as u64)
+        .ok_or_else(missing)?;
+    let parts = backend
+        .part_spans(&info.name)
+        .into_iter()
+        .map(|p| {
+            lease
+                .bytes(p.file_index, p.offset, p.byte_size)
+                .map(|bytes| (p.name, bytes))
+                .ok_or_else(missing)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(TensorHandle::new(info, data, parts))
+}
+
 impl StreamingExecutor {
     /// Prepare an executor: read the small vectors, plan residency, start
     /// the prefetch thread.
@@ -260,14 +285,14 @@ impl StreamingExecutor {
             .map(|i| LayerPlan::new(&cfg, i, freq_factors.as_deref()))
             .collect();
         let read_depth = match opts.prefetch {
-            Prefetch::Ahead { depth } => depth.max(1),
-            Prefetch::Off => 1,
+            Prefetch::Ahead { depth } => depth,
+            Prefetch::Off => 0,
         };
         let capped_chunk = capped_head_chunk_bytes(&manifest);
-        let mut residency = ResidencyPlan::with_stream_buffers(
+        let residency = ResidencyPlan::with_stream_buffers(
             opts.residency,
             &manifest,
-            read_depth,
+            read_depth.max(1),
             capped_chunk as u64,
         );
         let selection = match &opts.layers {
@@ -286,82 +311,53 @@ impl StreamingExecutor {
             &residency,
             &selection,
         )?;
-        let (prefetcher, prefetch_depth) = match opts.prefetch {
-            Prefetch::Ahead { depth } if depth > 0 => {
-                let mut lists: Vec<Vec<String>> = manifest
-                    .layers
-                    .iter()
-                    .map(|l| l.tensors.iter().map(|t| t.name.clone()).collect())
-                    .collect();
-                lists.push(vec![manifest.output.name.clone()]);
-                (Some(Prefetcher::start(backend.clone(), lists)), depth)
-            }
-            _ => (None, 0),
-        };
-        // Capped residency reads what it streams explicitly (not through
-        // the page cache, where it would evict the kept layers). What the cap
-        // leaves after whole layers keeps the head's first rows (whole rows).
+        let matrix_names: Vec<[String; 7]> = (0..cfg.n_layer)
+            .map(|il| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
+            .collect();
+        // The weight plan: which layers are kept, how the others are
+        // streamed (whole, or in row chunks of a fixed byte budget), and
+        // which rows of the head are kept.
         let head_row_bytes = open(b, &manifest.output.name)
-            .and_then(|h| weight(&h).map(|w| w.row_bytes() as u64))
-            .unwrap_or(0);
-        let mut head_kept_rows = 0;
-        let streamer = match (opts.residency, opts.prefetch, cfg.arch) {
-            (crate::Residency::Cap(_) | crate::Residency::Custom(_), Prefetch::Ahead { .. }, a)
-                if a != Arch::Qwen35 && head_row_bytes > 0 =>
-            {
-                (residency, head_kept_rows) = residency.with_head_rows(head_row_bytes);
-                StreamSchedule::build(
-                    backend.as_ref(),
-                    &manifest,
-                    &residency,
-                    |il| selection.runs(il) && dense.layer(il).is_none(),
-                    |row_bytes| (capped_chunk / row_bytes.max(1)).max(64),
-                    head_kept_rows,
-                    read_depth,
-                    opts.stream_reads,
-                )
+            .and_then(|h| weight(&h).map(|w| (w.rows, w.row_bytes() as u64)))?;
+        let (residency, head_kept_rows) = match opts.residency {
+            Residency::Resident => (residency, head_row_bytes.0),
+            Residency::Stream => (residency.without_partial_head(), 0),
+            Residency::Cap(_) | Residency::Custom(_) if residency.output_resident => {
+                (residency, head_row_bytes.0)
             }
-            _ => None,
+            Residency::Cap(_) | Residency::Custom(_) => residency.with_head_rows(head_row_bytes.1),
         };
-        if streamer
-            .as_ref()
-            .is_none_or(|st| st.head_chunks().is_empty())
-        {
-            // Only the stream reader's head path keeps part of a head.
-            residency = residency.without_partial_head();
-            head_kept_rows = 0;
-        }
-        // Every other matrix that is neither kept nor read by the stream
-        // reader is mapped chunk by chunk, a fixed byte budget at a time.
-        let chunked_layer: Vec<bool> = (0..cfg.n_layer)
-            .map(|il| {
-                hybrid.is_none()
-                    && selection.runs(il)
-                    && dense.layer(il).is_none()
-                    && !residency.is_resident(il)
-                    && streamer.as_ref().is_none_or(|st| st.layer(il).is_none())
-            })
-            .collect();
-        let mut chunk_names: Vec<String> = chunked_layer
-            .iter()
-            .enumerate()
-            .filter(|(_, &chunked)| chunked)
-            .flat_map(|(il, _)| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
-            .collect();
-        if !residency.output_resident
-            && streamer
-                .as_ref()
-                .is_none_or(|st| st.head_chunks().is_empty())
-        {
-            chunk_names.push(manifest.output.name.clone());
-        }
+        let (granularity, head_chunk_bytes) = match opts.residency {
+            Residency::Stream => (
+                Granularity::Chunks(opts.stream_chunk_bytes.max(1)),
+                opts.stream_chunk_bytes.max(1),
+            ),
+            _ => (Granularity::Layer, capped_chunk),
+        };
+        let weights = WeightPlan::build(&PlanInput {
+            backend: b,
+            manifest: &manifest,
+            skipped: &|il| hybrid.is_some() || !selection.runs(il) || dense.layer(il).is_some(),
+            kept: &|il| residency.is_resident(il),
+            is_matrix: &|info| {
+                matrix_names
+                    .get(info_layer(info))
+                    .is_some_and(|names| names.iter().any(|n| *n == info.name))
+            },
+            layers: granularity,
+            head_kept_rows,
+            head_chunk_bytes,
+        })?;
+        let policy = read_policy(opts, &residency, weights.streamed_bytes());
         // The layers' norms and biases: kept as f32 copies, except those of
         // chunked layers, read again whenever the layer runs.
-        let vectors = LayerVectorStore::load(b, k, &manifest, n_uniform, |il| !chunked_layer[il])?;
+        let vectors = LayerVectorStore::load(b, k, &manifest, n_uniform, |il| {
+            !matches!(weights.layers.get(il), Some(LayerLayout::Chunked { .. }))
+        })?;
         // Unless everything is kept, drop what loading mapped (the norms and
         // biases just copied, and the blocks the kernel faulted in around
         // them): from here on only the weights in use are mapped.
-        let mapped_bounds = if opts.residency == crate::Residency::Resident {
+        let mapped_bounds = if opts.residency == Residency::Resident {
             Vec::new()
         } else {
             file_bounds(b)
@@ -371,24 +367,17 @@ impl StreamingExecutor {
             // that file's one read-only mapping, which `backend` keeps alive.
             unsafe { memory::release_span(within) };
         }
-        let chunks = if chunk_names.is_empty() {
-            None
-        } else {
-            let plan = ChunkPlan::build(b, chunk_names, opts.stream_chunk_bytes)?;
-            let depth = match opts.prefetch {
-                Prefetch::Ahead { depth } => depth,
-                Prefetch::Off => 0,
-            };
-            Some(ChunkStream::start(backend.clone(), plan, depth))
-        };
+        let engine = WeightEngine::start(
+            backend.clone(),
+            weights.streamed.clone(),
+            weights.kept.clone(),
+            read_depth,
+            policy,
+        );
         let ctx = opts
             .ctx
             .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
         let max_batch = opts.max_batch.max(1);
-        let n_layer = cfg.n_layer;
-        let matrix_names = (0..n_layer)
-            .map(|il| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
-            .collect();
         Ok(StreamingExecutor {
             scratch: DecoderScratch::new(&cfg, 1),
             profiler: Profiler::new(cfg.n_layer, opts.profile, opts.trace_memory),
@@ -400,17 +389,9 @@ impl StreamingExecutor {
             vectors,
             output_norm,
             residency,
-            prefetcher,
-            streamer,
-            chunks,
-            chunked_layer,
+            weights,
+            engine,
             mapped_bounds,
-            prefetch_depth,
-            warmed: false,
-            acquisitions: 0,
-            faulted_in: vec![false; n_layer],
-            head_faulted_in: false,
-            head_kept_rows,
             matrix_names,
             buffers: StepBuffers::default(),
             ctx,
@@ -434,11 +415,11 @@ impl StreamingExecutor {
     pub fn residency(&self) -> &ResidencyPlan {
         &self.residency
     }
-    /// How a capped model reads what it streams: `Some(true)` through the
-    /// page cache, `Some(false)` around it (`O_DIRECT`), `None` when no
-    /// layer is read explicitly ([`crate::StreamReads`]).
+    /// How streamed weights are read: `Some(true)` through the page cache,
+    /// `Some(false)` around it (`O_DIRECT`), `None` when nothing is
+    /// streamed ([`crate::StreamReads`]).
     pub fn streams_through_page_cache(&self) -> Option<bool> {
-        self.streamer.as_ref().map(|st| st.reader.page_cache())
+        self.engine.streams().then(|| self.engine.page_cache())
     }
     /// The storage backend.
     pub fn backend(&self) -> &Arc<dyn StorageBackend> {
@@ -624,7 +605,6 @@ impl StreamingExecutor {
             if !self.selection.runs(il) {
                 continue;
             }
-            self.request_prefetch(il);
             // Hybrid stacks (Qwen3.5): a gated delta-net or gated attention
             // layer over each sequence's recurrent state or KV cache.
             if let Some(hybrid) = self.hybrid.as_mut() {
@@ -662,54 +642,38 @@ impl StreamingExecutor {
                 self.profiler.sample_memory(il);
                 continue;
             }
-            // Acquire: open the layer's matrices and fault their pages in
-            // (nothing to read when they were dequantized at load).
+            // Acquire: a kept layer is faulted in once, a streamed one read
+            // whole (or, chunked, row chunk by row chunk in its matmuls).
             let t_io = Instant::now();
             let dense = self.dense.layer(il);
-            let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
-            // A layer the cap streams arrives read into a buffer.
-            let streamed =
-                match (&mut self.streamer, dense.is_none()) {
-                    (Some(st), true) => match st.layer(il) {
-                        Some(item) => Some(st.reader.acquire(item).map_err(|what| {
-                            RuntimeError::StreamRead {
-                                tensor: layer_tensor(il, "*"),
-                                what,
-                            }
-                        })?),
-                        None => None,
-                    },
-                    _ => None,
-                };
-            if let Some(item) = &streamed {
-                for name in &self.matrix_names[il] {
-                    let info =
-                        backend
-                            .tensor_info(name)
-                            .ok_or_else(|| RuntimeError::StreamRead {
-                                tensor: name.clone(),
-                                what: "not in the checkpoint".into(),
-                            })?;
-                    let bytes = item
-                        .bytes(info.file_index, info.offset, info.byte_size)
-                        .ok_or_else(|| RuntimeError::StreamRead {
-                            tensor: name.clone(),
-                            what: "not in the streamed item".into(),
-                        })?;
-                    handles.push(TensorHandle::new(info, bytes, Vec::new()));
+            let layout = &self.weights.layers[il];
+            let fetch_error = |what: crate::weights::FetchError| RuntimeError::StreamRead {
+                tensor: layer_tensor(il, "*"),
+                what: what.0,
+            };
+            let (whole, vector_lease) = match layout {
+                LayerLayout::Kept(k) => {
+                    self.engine.warm(*k);
+                    (None, None)
                 }
-            } else if dense.is_none() {
-                // A kept layer is populated once; later steps find it mapped.
-                // A chunked layer is faulted in chunk by chunk by its matmuls.
-                let populate = !self.faulted_in[il] && !self.chunked_layer[il];
+                LayerLayout::Whole(item) => {
+                    (Some(self.engine.acquire(*item).map_err(fetch_error)?), None)
+                }
+                LayerLayout::Chunked { vectors, .. } => (
+                    None,
+                    Some(self.engine.acquire(*vectors).map_err(fetch_error)?),
+                ),
+                LayerLayout::Skipped => (None, None),
+            };
+            let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
+            if dense.is_none() {
                 for name in &self.matrix_names[il] {
                     let h = open(backend.as_ref(), name)?;
-                    if populate {
-                        memory::populate(h.bytes());
-                    }
-                    handles.push(h);
+                    handles.push(match &whole {
+                        Some(lease) => leased(backend.as_ref(), &h, lease)?,
+                        None => h,
+                    });
                 }
-                self.faulted_in[il] = self.residency.is_resident(il);
             }
             self.profiler.record_io_wait(il, t_io.elapsed());
             self.profiler
@@ -727,9 +691,15 @@ impl StreamingExecutor {
                 None => handles.iter().map(weight).collect::<Result<Vec<_>>>()?,
             };
 
-            let v =
-                self.vectors
-                    .get(backend.as_ref(), self.kernels.as_ref(), &self.manifest, il)?;
+            let v = self.vectors.get(
+                backend.as_ref(),
+                self.kernels.as_ref(),
+                &self.manifest,
+                il,
+                vector_lease.as_ref(),
+            )?;
+            // Converted: the buffer goes back for the layer's chunks.
+            drop(vector_lease);
             let weights = LayerWeights {
                 attn_norm: &v.attn_norm,
                 q: matrices[0],
@@ -762,13 +732,12 @@ impl StreamingExecutor {
                     });
                 }
             }
-            // A chunked layer's matmuls fault in, use and drop one chunk
+            // A chunked layer's matmuls acquire, use and release one chunk
             // of rows at a time.
-            let chunked = match (&self.chunks, self.chunked_layer[il] && dense.is_none()) {
-                (Some(stream), true) => Some(ChunkedKernels {
-                    inner: self.kernels.as_ref(),
-                    stream,
-                }),
+            let chunked = match layout {
+                LayerLayout::Chunked { matrices, .. } if dense.is_none() => Some(
+                    ChunkedKernels::new(self.kernels.as_ref(), &self.engine, matrices),
+                ),
                 _ => None,
             };
             let kernels: &dyn Kernels = match &chunked {
@@ -790,23 +759,14 @@ impl StreamingExecutor {
             drop(segments);
             if let Some(k) = &chunked {
                 // The matmuls' waits for their chunks are this layer's I/O wait.
-                self.profiler.record_io_wait(il, k.stream.take_io_wait());
+                self.profiler.record_io_wait(il, k.io_wait());
             }
-            // Release: streamed layers give their pages (or read buffer) back
-            // (chunked layers did, chunk by chunk).
+            // Release: a streamed layer's buffers go back for the next reads.
             drop(matrices);
-            if streamed.is_none() && chunked.is_none() && !self.residency.is_resident(il) {
-                for h in &handles {
-                    memory::release(h.bytes());
-                }
-            }
             drop(handles);
-            if let (Some(item), Some(st)) = (streamed, &self.streamer) {
-                st.reader.release(item);
-            }
+            drop(whole);
             self.profiler.sample_memory(il);
         }
-        self.warmed = true;
 
         // Record the evaluated tokens.
         for ((s, r), _) in pieces.iter().zip(&rows) {
@@ -865,46 +825,6 @@ impl StreamingExecutor {
         Ok(())
     }
 
-    /// Ask the prefetch thread for the layers after `il` (wrapping to the
-    /// output head and then the next step's first layers).
-    fn request_prefetch(&mut self, il: usize) {
-        self.acquisitions += 1;
-        let Some(p) = &self.prefetcher else {
-            return;
-        };
-        p.advance(self.acquisitions);
-        let n = self.cfg.n_layer;
-        for ahead in 1..=self.prefetch_depth {
-            let next = (il + ahead) % (n + 1);
-            // Layers left out by `--layers`, or dequantized at load, are never read.
-            if next < n && (!self.selection.runs(next) || self.dense.layer(next).is_some()) {
-                continue;
-            }
-            // Chunked layers are read ahead chunk by chunk (`chunk_stream.rs`).
-            if next < n && self.chunked_layer[next] {
-                continue;
-            }
-            // Layers the stream reader reads are not mapped.
-            if next < n
-                && self
-                    .streamer
-                    .as_ref()
-                    .is_some_and(|st| st.layer(next).is_some())
-            {
-                continue;
-            }
-            // A streamed head is read chunk by chunk by `output_head`;
-            // populating it whole here would map all of it at once.
-            if next == n && !self.residency.output_resident {
-                continue;
-            }
-            let keep = next == n || self.residency.is_resident(next);
-            if !(keep && self.warmed) {
-                p.request(next, self.acquisitions + ahead as u64);
-            }
-        }
-    }
-
     /// `hidden[t] = embed[ids[t]] (· embed_scale)`, touching only those rows.
     fn embed(&mut self, ids: &[u32], hidden: &mut [f32]) -> Result<()> {
         let t0 = Instant::now();
@@ -929,7 +849,7 @@ impl StreamingExecutor {
                 for &id in ids {
                     let r = id as usize;
                     // Rows of a tied head's kept part stay.
-                    if self.manifest.output_tied && r < self.head_kept_rows {
+                    if self.manifest.output_tied && r < self.weights.head.kept_rows {
                         continue;
                     }
                     if let Ok(row) = w.row_range(r..r + 1) {
@@ -947,8 +867,9 @@ impl StreamingExecutor {
         Ok(())
     }
 
-    /// `logits = x · Woutᵀ` for `m` rows of `x`, reading the head in chunks
-    /// of rows so that a large vocabulary never has to be resident at once.
+    /// `logits = x · Woutᵀ` for `m` rows of `x`: the head's kept rows from
+    /// the mapping, the rest in streamed row chunks, so that a large
+    /// vocabulary never has to be resident at once.
     fn output_head(
         &mut self,
         x: &[f32],
@@ -956,10 +877,6 @@ impl StreamingExecutor {
         logits: &mut Vec<f32>,
         part: &mut Vec<f32>,
     ) -> Result<()> {
-        self.acquisitions += 1;
-        if let Some(p) = &self.prefetcher {
-            p.advance(self.acquisitions);
-        }
         let name = &self.manifest.output.name;
         let h = open(self.backend.as_ref(), name)?;
         let w = weight(&h)?;
@@ -969,126 +886,53 @@ impl StreamingExecutor {
             source,
         };
         logits.resize(m * vocab, 0.0); // every value is overwritten below
-        if self.residency.output_resident {
-            // A kept head: populated once, then one matmul over every row.
-            if !self.head_faulted_in {
-                let t_io = Instant::now();
-                memory::populate(w.data);
-                self.head_faulted_in = true;
-                self.profiler.record_other("head_io_wait", t_io.elapsed());
-            }
+        let head = &self.weights.head;
+        if let Some(k) = head.kept.filter(|&k| !self.engine.is_warm(k)) {
+            let t_io = Instant::now();
+            self.engine.warm(k);
+            self.profiler.record_other("head_io_wait", t_io.elapsed());
+        }
+        // `logits[.., rows] = x · chunkᵀ`, through `part` when m > 1.
+        let kernels = self.kernels.as_ref();
+        let mut multiply = |chunk: &Weight, rows: Range<usize>, profiler: &mut Profiler| {
             let t_mm = Instant::now();
-            self.kernels
-                .matmul(&w, x, m, logits)
-                .map_err(kernel_error)?;
-            self.profiler.record_other("matmul_head", t_mm.elapsed());
-        } else if let Some(st) = self
-            .streamer
-            .as_mut()
-            .filter(|st| !st.head_chunks().is_empty())
-        {
-            // A head the cap streams: its kept first rows from the mapping
-            // (populated once), then row chunks read ahead into buffers.
-            let max_rows = st
-                .head_chunks()
-                .iter()
-                .map(|(r, _)| r.len())
-                .max()
-                .unwrap_or(0);
-            let kept = self.head_kept_rows;
-            part.clear();
-            part.resize(m * max_rows.max(kept), 0.0);
-            if kept > 0 {
-                let chunk = w.row_range(0..kept).map_err(kernel_error)?;
-                if !self.head_faulted_in {
-                    let t_io = Instant::now();
-                    memory::populate(chunk.data);
-                    self.head_faulted_in = true;
-                    self.profiler.record_other("head_io_wait", t_io.elapsed());
-                }
-                let t_mm = Instant::now();
-                let out = &mut part[..m * kept];
-                self.kernels
-                    .matmul(&chunk, x, m, out)
+            if m == 1 {
+                kernels
+                    .matmul(chunk, x, 1, &mut logits[rows])
                     .map_err(kernel_error)?;
-                for t in 0..m {
-                    logits[t * vocab..t * vocab + kept]
-                        .copy_from_slice(&out[t * kept..(t + 1) * kept]);
-                }
-                self.profiler.record_other("matmul_head", t_mm.elapsed());
+            } else {
+                part.resize(m * rows.len(), 0.0);
+                kernels.matmul(chunk, x, m, part).map_err(kernel_error)?;
+                scatter(part, rows, vocab, logits);
             }
-            for k in 0..st.head_chunks().len() {
-                let (range, item) = st.head_chunks()[k].clone();
-                let t_io = Instant::now();
-                let read = st
-                    .reader
-                    .acquire(item)
-                    .map_err(|what| RuntimeError::StreamRead {
-                        tensor: name.clone(),
-                        what,
-                    })?;
-                self.profiler.record_other("head_io_wait", t_io.elapsed());
-                let t_mm = Instant::now();
-                let mut chunk = w.row_range(range.clone()).map_err(kernel_error)?;
-                let info = h.info();
-                let at = info.offset + (range.start * w.row_bytes()) as u64;
-                chunk.data = read
-                    .bytes(info.file_index, at, chunk.data.len() as u64)
-                    .ok_or_else(|| RuntimeError::StreamRead {
-                        tensor: name.clone(),
-                        what: format!("rows {range:?} not in the streamed chunk"),
-                    })?;
-                let rows = range.len();
-                let out = &mut part[..m * rows];
-                self.kernels
-                    .matmul(&chunk, x, m, out)
-                    .map_err(kernel_error)?;
-                for t in 0..m {
-                    logits[t * vocab + range.start..t * vocab + range.end]
-                        .copy_from_slice(&out[t * rows..(t + 1) * rows]);
-                }
-                self.profiler.record_other("matmul_head", t_mm.elapsed());
-                st.reader.release(read);
-            }
-        } else if let Some(stream) = self.chunks.as_ref().filter(|c| c.plan().contains(name)) {
-            // A streamed head: row chunks of the chunk budget, read ahead,
-            // each faulted in, multiplied and released.
-            let t_mm = Instant::now();
-            let chunked = ChunkedKernels {
-                inner: self.kernels.as_ref(),
-                stream,
-            };
-            chunked.matmul(&w, x, m, logits).map_err(kernel_error)?;
-            let waited = stream.take_io_wait();
-            self.profiler.record_other("head_io_wait", waited);
-            self.profiler
-                .record_other("matmul_head", t_mm.elapsed().saturating_sub(waited));
-        } else {
-            // A streamed head: row chunks, each faulted in, used, released.
-            let chunk_rows = head_chunk_rows(w.row_bytes());
-            part.clear();
-            part.resize(m * chunk_rows.min(vocab), 0.0);
-            let mut r0 = 0;
-            while r0 < vocab {
-                let r1 = (r0 + chunk_rows).min(vocab);
-                let chunk = w.row_range(r0..r1).map_err(kernel_error)?;
-                let t_io = Instant::now();
-                memory::populate(chunk.data);
-                self.profiler.record_other("head_io_wait", t_io.elapsed());
-                let t_mm = Instant::now();
-                let rows = r1 - r0;
-                let out = &mut part[..m * rows];
-                self.kernels
-                    .matmul(&chunk, x, m, out)
-                    .map_err(kernel_error)?;
-                for t in 0..m {
-                    logits[t * vocab + r0..t * vocab + r1]
-                        .copy_from_slice(&out[t * rows..(t + 1) * rows]);
-                }
-                self.profiler.record_other("matmul_head", t_mm.elapsed());
-                memory::release(chunk.data);
-                r0 = r1;
-            }
+            profiler.record_other("matmul_head", t_mm.elapsed());
+            Ok::<(), RuntimeError>(())
+        };
+        if head.kept_rows == vocab {
+            multiply(&w, 0..vocab, &mut self.profiler)?;
+        } else if head.kept_rows > 0 {
+            let kept = w.row_range(0..head.kept_rows).map_err(kernel_error)?;
+            multiply(&kept, 0..head.kept_rows, &mut self.profiler)?;
+        }
+        for (rows, item) in &head.chunks {
+            let t_io = Instant::now();
+            let lease = self
+                .engine
+                .acquire(*item)
+                .map_err(|what| RuntimeError::StreamRead {
+                    tensor: name.clone(),
+                    what: what.0,
+                })?;
+            self.profiler.record_other("head_io_wait", t_io.elapsed());
+            let chunk = head
+                .sources
+                .as_ref()
+                .and_then(|sources| rows_from(&w, sources, rows.clone(), &lease))
+                .ok_or_else(|| RuntimeError::StreamRead {
+                    tensor: name.clone(),
+                    what: format!("rows {rows:?} not in the streamed chunk"),
+                })?;
+            multiply(&chunk, rows.clone(), &mut self.profiler)?;
         }
         // logits = cap · tanh(logits / cap) (final soft-capping, when set)
         if let Some(cap) = self.cfg.final_logit_softcap {

@@ -3,19 +3,18 @@
 //! A layer whose matrices stay where they are (resident, kept by a cap, or
 //! read whole by the cap's stream reader) keeps f32 copies of its vectors for
 //! the whole run. A layer streamed in chunks (`Stream` residency) keeps
-//! nothing: its vectors are read again each time it runs, with `pread` into
-//! one reused set of buffers, so stream mode holds one layer's vectors rather
-//! than every layer's (36 layers × 2 norms × 3072 floats = 0.8 MiB at 4B) and
-//! maps nothing of the file for them.
+//! nothing: its vectors arrive with each run as one streamed item of the
+//! weight engine and are converted into one reused set of buffers, so stream
+//! mode holds one layer's vectors rather than every layer's (36 layers × 2
+//! norms × 3072 floats = 0.8 MiB at 4B) and maps nothing of the file for them.
 
 use crate::error::{Result, RuntimeError};
 use crate::memory;
+use crate::weights::Lease;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{Kernels, Weight};
 use flatrun_model::manifest::layer_tensor;
 use flatrun_model::Manifest;
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 
 /// f32 copies of one layer's small vectors (norms, biases).
 #[derive(Debug, Default)]
@@ -60,29 +59,17 @@ impl LayerVectors {
     }
 }
 
-/// Reads vectors: with `pread` where a tensor is a plain byte range of its
-/// file, else through the mapping (whose pages are dropped again).
-struct VectorReader {
-    /// The backend's files, opened on first use (`None` where that failed).
-    files: Vec<Option<Option<File>>>,
-    /// The raw bytes of the vector being read.
-    raw: Vec<u8>,
-}
+/// Converts vectors to f32: from a streamed item's bytes when the layer is
+/// streamed, else through the mapping (whose pages are dropped again).
+struct VectorReader;
 
 impl VectorReader {
-    fn new(backend: &dyn StorageBackend) -> VectorReader {
-        VectorReader {
-            files: backend.files().iter().map(|_| None).collect(),
-            raw: Vec::new(),
-        }
-    }
-
     /// `out = name` as f32, reusing `out`'s allocation.
     fn read(
-        &mut self,
         backend: &dyn StorageBackend,
         kernels: &dyn Kernels,
         name: &str,
+        streamed: Option<&Lease>,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let kernel_error = |source| RuntimeError::Kernel {
@@ -91,36 +78,25 @@ impl VectorReader {
         };
         let h = backend.tensor(name)?;
         let info = h.info();
-        // The file's bytes, read into `raw` (nothing mapped).
-        let plain = h.parts().is_empty() && h.bytes().len() as u64 == info.byte_size;
-        if plain && self.read_span(backend, info.file_index, info.offset) {
-            let read = TensorHandle::new(info, &self.raw, Vec::new());
+        if let Some(lease) = streamed {
+            let bytes = lease
+                .bytes(info.file_index, info.offset, h.bytes().len() as u64)
+                .ok_or_else(|| RuntimeError::StreamRead {
+                    tensor: name.to_string(),
+                    what: "not in the layer's streamed vectors".into(),
+                })?;
+            let read = TensorHandle::new(info, bytes, Vec::new());
             let w = Weight::from_handle(&read).map_err(kernel_error)?;
             out.resize(w.rows * w.cols, 0.0); // every value is overwritten
             return kernels
                 .dequantize_rows(&w, 0..w.rows, out)
                 .map_err(kernel_error);
         }
-        // Otherwise through the mapping, dropping its pages again.
         let w = Weight::from_handle(&h).map_err(kernel_error)?;
         out.resize(w.rows * w.cols, 0.0);
         let result = kernels.dequantize_rows(&w, 0..w.rows, out);
         memory::release(h.bytes());
         result.map_err(kernel_error)
-    }
-
-    /// Fill `raw` (already sized by the caller's tensor) from `file` at
-    /// `offset`; `false` when the file cannot be opened or read.
-    fn read_span(&mut self, backend: &dyn StorageBackend, file: usize, offset: u64) -> bool {
-        let Some(slot) = self.files.get_mut(file) else {
-            return false;
-        };
-        let f =
-            slot.get_or_insert_with(|| backend.files().get(file).and_then(|p| File::open(p).ok()));
-        let Some(f) = f.as_ref() else {
-            return false;
-        };
-        f.read_exact_at(&mut self.raw, offset).is_ok()
     }
 }
 
@@ -130,7 +106,6 @@ pub(crate) struct LayerVectorStore {
     kept: Vec<Option<LayerVectors>>,
     /// The vectors of the streamed layer read last (allocations reused).
     current: LayerVectors,
-    reader: VectorReader,
 }
 
 impl LayerVectorStore {
@@ -147,12 +122,11 @@ impl LayerVectorStore {
         let mut store = LayerVectorStore {
             kept: Vec::with_capacity(n_layer),
             current: LayerVectors::default(),
-            reader: VectorReader::new(backend),
         };
         for il in 0..n_layer {
             let mut v = LayerVectors::default();
             if keep(il) {
-                store.read_layer(backend, kernels, manifest, il, &mut v)?;
+                read_layer(backend, kernels, manifest, il, None, &mut v)?;
                 store.kept.push(Some(v));
             } else {
                 for role in ["attn_norm", "ffn_norm"] {
@@ -165,77 +139,53 @@ impl LayerVectorStore {
         Ok(store)
     }
 
-    /// The vectors of layer `il`: its kept copies, or read now.
+    /// The vectors of layer `il`: its kept copies, or converted now from
+    /// `streamed`, the layer's streamed vectors.
     pub fn get(
         &mut self,
         backend: &dyn StorageBackend,
         kernels: &dyn Kernels,
         manifest: &Manifest,
         il: usize,
+        streamed: Option<&Lease>,
     ) -> Result<&LayerVectors> {
         if self.kept.get(il).is_some_and(|v| v.is_some()) {
             return Ok(self.kept[il].as_ref().expect("checked just above"));
         }
-        let mut current = std::mem::take(&mut self.current);
-        let result = self.read_layer(backend, kernels, manifest, il, &mut current);
-        self.current = current;
-        result.map(|()| &self.current)
+        read_layer(backend, kernels, manifest, il, streamed, &mut self.current)?;
+        Ok(&self.current)
     }
+}
 
-    /// Read layer `il`'s vectors into `v` (reusing its buffers).
-    fn read_layer(
-        &mut self,
-        backend: &dyn StorageBackend,
-        kernels: &dyn Kernels,
-        manifest: &Manifest,
-        il: usize,
-        v: &mut LayerVectors,
-    ) -> Result<()> {
-        let present = |name: &str| {
-            manifest
-                .layers
-                .get(il)
-                .is_some_and(|l| l.tensors.iter().any(|t| t.name == name))
+/// Read layer `il`'s vectors into `v` (reusing its buffers).
+fn read_layer(
+    backend: &dyn StorageBackend,
+    kernels: &dyn Kernels,
+    manifest: &Manifest,
+    il: usize,
+    streamed: Option<&Lease>,
+    v: &mut LayerVectors,
+) -> Result<()> {
+    let present = |name: &str| {
+        manifest
+            .layers
+            .get(il)
+            .is_some_and(|l| l.tensors.iter().any(|t| t.name == name))
+    };
+    let read =
+        |name: &str, out: &mut Vec<f32>| VectorReader::read(backend, kernels, name, streamed, out);
+    read(&layer_tensor(il, "attn_norm"), &mut v.attn_norm)?;
+    read(&layer_tensor(il, "ffn_norm"), &mut v.ffn_norm)?;
+    for role in OPTIONAL_ROLES {
+        let name = layer_tensor(il, role);
+        let Some(slot) = v.optional_mut(role) else {
+            continue;
         };
-        self.read_sized(
-            backend,
-            kernels,
-            &layer_tensor(il, "attn_norm"),
-            &mut v.attn_norm,
-        )?;
-        self.read_sized(
-            backend,
-            kernels,
-            &layer_tensor(il, "ffn_norm"),
-            &mut v.ffn_norm,
-        )?;
-        for role in OPTIONAL_ROLES {
-            let name = layer_tensor(il, role);
-            let Some(slot) = v.optional_mut(role) else {
-                continue;
-            };
-            if present(&name) {
-                let out = slot.get_or_insert_with(Vec::new);
-                self.read_sized(backend, kernels, &name, out)?;
-            } else {
-                *slot = None;
-            }
+        if present(&name) {
+            read(&name, slot.get_or_insert_with(Vec::new))?;
+        } else {
+            *slot = None;
         }
-        Ok(())
     }
-
-    /// [`VectorReader::read`] with `raw` sized to the tensor's bytes.
-    fn read_sized(
-        &mut self,
-        backend: &dyn StorageBackend,
-        kernels: &dyn Kernels,
-        name: &str,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        let size = backend
-            .tensor_info(name)
-            .map_or(0, |i| i.byte_size as usize);
-        self.reader.raw.resize(size, 0);
-        self.reader.read(backend, kernels, name, out)
-    }
+    Ok(())
 }

@@ -22,7 +22,6 @@
 //! # }
 //! ```
 
-pub mod chunk_stream;
 pub mod error;
 pub mod executor;
 pub mod generate;
@@ -34,11 +33,10 @@ pub mod memory;
 pub mod model;
 pub mod npy;
 pub mod options;
-pub mod prefetch;
 pub mod profiler;
 pub mod recurrent_state;
 pub mod residency;
-pub mod stream_reader;
+mod weights;
 pub mod weights_override;
 
 pub use error::{Result, RuntimeError};

@@ -97,27 +97,20 @@ pub fn page_cache_resident(bytes: &[u8]) -> Option<u64> {
     let mut vec = vec![0u8; len / page];
     // SAFETY: the span covers pages of a live mapping borrowed through
     // `bytes` (rounded out to page boundaries, which stay inside the same
-    // mapping because mappings are page-granular); `vec` has one byte per page.
-    let rc = unsafe { libc::mincore(start as *mut libc::c_void, len, vec.as_mut_ptr()) };
+    // mapping because mappings are page-granular); `vec` has one byte per
+    // page (the element type is `unsigned char` on Linux, `char` on macOS).
+    let rc = unsafe { libc::mincore(start as *mut libc::c_void, len, vec.as_mut_ptr().cast()) };
     if rc != 0 {
         return None;
     }
     Some(vec.iter().filter(|&&b| b & 1 == 1).count() as u64 * page as u64)
 }
 
-/// Linux `MADV_POPULATE_READ` (5.14+): fault every page of the range in.
-const MADV_POPULATE_READ: libc::c_int = 22;
-
 /// Make every page of `bytes` resident now (reading from disk if needed),
-/// so that compute never faults on it.
+/// so that compute never faults on it: Linux's `MADV_POPULATE_READ`
+/// (5.14+), else a touch of one byte per page.
 pub fn populate(bytes: &[u8]) {
-    let Some((start, len)) = covering_pages(bytes) else {
-        return;
-    };
-    // SAFETY: the span lies inside a live read-only mapping (see
-    // `covering_pages`); POPULATE_READ only faults pages in.
-    let rc = unsafe { libc::madvise(start as *mut libc::c_void, len, MADV_POPULATE_READ) };
-    if rc != 0 {
+    if bytes.is_empty() || !populate_read(bytes) {
         // Older kernels: touch one byte per page.
         let page = page_size();
         let mut sum = 0u8;
@@ -128,6 +121,24 @@ pub fn populate(bytes: &[u8]) {
         }
         std::hint::black_box(sum);
     }
+}
+
+/// `MADV_POPULATE_READ` over the pages of `bytes`; `false` where unsupported.
+#[cfg(target_os = "linux")]
+fn populate_read(bytes: &[u8]) -> bool {
+    /// Linux `MADV_POPULATE_READ` (5.14+): fault every page of the range in.
+    const MADV_POPULATE_READ: libc::c_int = 22;
+    let Some((start, len)) = covering_pages(bytes) else {
+        return true;
+    };
+    // SAFETY: the span lies inside a live read-only mapping (see
+    // `covering_pages`); POPULATE_READ only faults pages in.
+    unsafe { libc::madvise(start as *mut libc::c_void, len, MADV_POPULATE_READ) == 0 }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn populate_read(_bytes: &[u8]) -> bool {
+    false
 }
 
 /// Start asynchronous read-ahead of `bytes` (`MADV_WILLNEED`).
@@ -155,7 +166,7 @@ pub fn release_block() -> usize {
 ///
 /// # Safety
 /// `within` must lie inside one live, read-only, file-backed mapping (as the
-/// spans of [`crate::chunk_stream::file_bounds`] do while their backend lives).
+/// spans of `weights::plan::file_bounds` do while their backend lives).
 pub unsafe fn release_blocks(bytes: &[u8], within: &std::ops::Range<usize>, keep_tail: bool) {
     if bytes.is_empty() {
         return;
@@ -177,7 +188,7 @@ pub unsafe fn release_blocks(bytes: &[u8], within: &std::ops::Range<usize>, keep
 ///
 /// # Safety
 /// `span` must lie inside one live, read-only, file-backed mapping (e.g. a
-/// span of [`crate::chunk_stream::file_bounds`] while its backend lives).
+/// span of `weights::plan::file_bounds` while its backend lives).
 pub unsafe fn release_span(span: &std::ops::Range<usize>) {
     let page = page_size();
     if span.end <= span.start || !span.start.is_multiple_of(page) {

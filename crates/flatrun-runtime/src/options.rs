@@ -120,7 +120,7 @@ impl FromStr for KvType {
     }
 }
 
-/// How a capped model reads the layers it streams (see `stream_reader.rs`).
+/// How streamed weights are read (see `weights/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamReads {
     /// `PageCache` when memory is plentiful — the process's headroom
@@ -170,6 +170,10 @@ impl Default for Prefetch {
     }
 }
 
+/// Default bytes of one streamed row chunk: with the default read-ahead of
+/// one chunk, at most 4 MiB of weights are in flight.
+pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
+
 /// Options of [`crate::Model::load`].
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -199,7 +203,7 @@ pub struct LoadOptions {
     /// Streamed matrices (every layer in `Stream` mode, the head too) are
     /// mapped in row chunks of at most this many bytes, `prefetch` depth
     /// chunks ahead: at most `(depth + 1) × stream_chunk_bytes` of weights are
-    /// resident at once, however large a layer is (see `chunk_stream.rs`).
+    /// resident at once, however large a layer is (see `weights/`).
     pub stream_chunk_bytes: usize,
     /// How a capped model reads the layers it streams.
     pub stream_reads: StreamReads,
@@ -219,7 +223,7 @@ impl Default for LoadOptions {
             trace_memory: false,
             weights: crate::weights_override::WeightsMode::Keep,
             layers: None,
-            stream_chunk_bytes: crate::chunk_stream::DEFAULT_CHUNK_BYTES,
+            stream_chunk_bytes: DEFAULT_CHUNK_BYTES,
             stream_reads: StreamReads::Auto,
         }
     }
