@@ -58,7 +58,7 @@ vocab=$cache/vocab
 if [ ! -f "$vocab/.done" ]; then
   echo "setup: fetching tokenizer fixtures (llama-cpp-python 0.3.36 sdist)" >&2
   tmp=$(mktemp -d)
-  "$venv/bin/pip" download -q --no-deps --no-binary :all: "llama-cpp-python==0.3.36" -d "$tmp"
+  "$venv/bin/pip" download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -d "$tmp"
   mkdir -p "$vocab"
   tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp" \
     --wildcards 'llama_cpp_python-0.3.36/vendor/llama.cpp/models/ggml-vocab-*'

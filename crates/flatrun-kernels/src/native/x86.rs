@@ -73,18 +73,22 @@ fn prefetch_lines(pos: *const u8, step: usize) {
 /// The CPU must support AVX (every caller is compiled for AVX2 or above).
 #[inline(always)]
 pub(crate) unsafe fn vmovq_to_xmm(bits: u64) -> __m128i {
-    let v: __m128i;
-    // SAFETY: `vmovq` only moves a general register into a vector register (zeroing the
-    // rest); it touches no memory. AVX is the caller's promise.
+    // SAFETY: this function's contract (the module's: the CPU has this level's
+    // features; whole blocks, and activation rows long enough for every read).
     unsafe {
-        std::arch::asm!(
-            "vmovq {v}, {b}",
-            v = lateout(xmm_reg) v,
-            b = in(reg) bits,
-            options(pure, nomem, nostack, preserves_flags)
-        );
+        let v: __m128i;
+        // SAFETY: `vmovq` only moves a general register into a vector register (zeroing the
+        // rest); it touches no memory. AVX is the caller's promise.
+        {
+            std::arch::asm!(
+                "vmovq {v}, {b}",
+                v = lateout(xmm_reg) v,
+                b = in(reg) bits,
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        v
     }
-    v
 }
 
 /// One Q8 activation block as the one-token 4/5-bit legacy kernels read it
@@ -189,18 +193,22 @@ pub(crate) unsafe fn pair_halves(p0: *const u8, p1: *const u8) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2")]
 pub(crate) unsafe fn high_nibbles(v: __m256i) -> __m256i {
-    let shifted: __m256i;
-    // SAFETY: `vpmulhuw` only reads and writes vector registers (AVX2, enabled here).
+    // SAFETY: this function's contract (the module's: the CPU has this level's
+    // features; whole blocks, and activation rows long enough for every read).
     unsafe {
-        std::arch::asm!(
-            "vpmulhuw {s}, {v}, {k}",
-            s = lateout(ymm_reg) shifted,
-            v = in(ymm_reg) v,
-            k = in(ymm_reg) _mm256_set1_epi16(1 << 12),
-            options(pure, nomem, nostack, preserves_flags)
-        );
+        let shifted: __m256i;
+        // SAFETY: `vpmulhuw` only reads and writes vector registers (AVX2, enabled here).
+        {
+            std::arch::asm!(
+                "vpmulhuw {s}, {v}, {k}",
+                s = lateout(ymm_reg) shifted,
+                v = in(ymm_reg) v,
+                k = in(ymm_reg) _mm256_set1_epi16(1 << 12),
+                options(pure, nomem, nostack, preserves_flags)
+            );
+        }
+        _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
     }
-    _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F))
 }
 
 /// Run `$kernel::<.., N>` (N = the tile size, 1..=4) on every row of a group.
