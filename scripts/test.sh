@@ -15,6 +15,20 @@ if grep -qx aarch64-unknown-linux-gnu <<<"$installed_targets"; then
 else
   echo "test.sh: aarch64 target not installed, skipping its cargo check" >&2
 fi
+# The workspace also builds for Apple Silicon (no C dependency is needed
+# for a check): checked where the target's standard library is installed
+# (`rustup target add aarch64-apple-darwin`), clippy included.
+if grep -qx aarch64-apple-darwin <<<"$installed_targets"; then
+  cargo clippy --workspace --all-targets --target aarch64-apple-darwin -- -D warnings
+else
+  echo "test.sh: aarch64-apple-darwin target not installed, skipping its check" >&2
+fi
+# Lints: the workspace's own table (unsafe hygiene) and clippy's defaults.
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --workspace --all-targets -- -D warnings
+else
+  echo "test.sh: clippy not installed, skipping the lint check" >&2
+fi
 # Formatting as rustfmt leaves it (code inside macros is the author's); rustfmt
 # comes with the toolchain (rust-toolchain.toml lists it).
 if cargo fmt --version >/dev/null 2>&1; then
