@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Capped decode, development bench (issue 9): run `flatrun bench --residency cap=…`
+# Capped decode bench: run `flatrun bench --residency cap=…`
 # and, when LLAMA_CPP_BIN is set, llama.cpp's `llama-bench` (mmap, no repack)
 # inside the same memory cgroup, interleaved, with the model's page cache dropped
 # before every run. Prints decode tokens/s, time to first token (flatrun) and the

@@ -16,7 +16,7 @@ Runs `flatrun bench --residency stream` on each synthetic model written by
   page-cache folios). Either way bounded by `(prefetch + 1) × --stream-chunk`
   plus the metadata and slack.
 
-Target (issue 9): peak RSS grows by less than the KV cache does, i.e.
+Target: peak RSS grows by less than the KV cache does, i.e.
 peak RSS(size) − peak RSS(0.1b) < KV(size) − KV(0.1b) for every size; PASS or
 FAIL is printed per rung. The KV cache is what must grow: K and V in f16,
 `n_layer × ctx × n_kv_head × head_dim` each, plus its slot table (one 8-byte

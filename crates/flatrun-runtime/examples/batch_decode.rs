@@ -1,7 +1,7 @@
 //! Decode throughput of one sequence against a batch of sequences stepped
 //! together (`step_batch`): under a residency cap every layer the cap does not
 //! keep is read once per step for the whole batch, so the batch's tokens/s
-//! should grow almost linearly with its size (issue 9, capped serving).
+//! should grow almost linearly with its size (capped serving).
 //!
 //! ```sh
 //! cargo run --release -p flatrun-runtime --example batch_decode -- MODEL.gguf [cap=40M] [BATCH] [STEPS]

@@ -28,6 +28,7 @@
 //!   absolute difference stays under `MEAN_TOLERANCE`.
 //!
 //! Run in release mode: `cargo test --release -p flatrun-runtime --test families -- --nocapture`.
+//! A debug build reports these tests as ignored.
 
 mod common;
 
@@ -62,12 +63,6 @@ fn check(file: &str, backend: BackendKind) {
     } else {
         ARGMAX_QUANTIZED
     };
-    if cfg!(debug_assertions) {
-        eprintln!(
-            "skipping {file}: family parity tests run in release mode (cargo test --release)"
-        );
-        return;
-    }
     let Some(path) =
         common::synthetic::synthetic_model(file, &fixtures(), "gen_synthetic_models.py")
     else {
@@ -105,50 +100,62 @@ fn check(file: &str, backend: BackendKind) {
 }
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn llama3_f16_native() {
     check("llama3-synth-f16.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn llama3_f16_reference() {
     check("llama3-synth-f16.gguf", BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn llama3_q8_0_native() {
     check("llama3-synth-q8_0.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn llama3_q8_0_reference() {
     check("llama3-synth-q8_0.gguf", BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen3_f16_native() {
     check("qwen3-synth-f16.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen3_f16_reference() {
     check("qwen3-synth-f16.gguf", BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen3_q8_0_native() {
     check("qwen3-synth-q8_0.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen3_q8_0_reference() {
     check("qwen3-synth-q8_0.gguf", BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn bonsai_f16_native() {
     check("bonsai-synth-f16.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn bonsai_f16_reference() {
     check("bonsai-synth-f16.gguf", BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn bonsai_q1_0_native() {
     check("bonsai-synth-q1_0.gguf", BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn bonsai_q1_0_reference() {
     check("bonsai-synth-q1_0.gguf", BackendKind::Reference);
 }

@@ -42,6 +42,7 @@
 //! start wherever llama.cpp's own did. `docs/families.md` has the figures.
 //!
 //! Run in release mode: `cargo test --release -p flatrun-runtime --test fidelity -- --nocapture`.
+//! A debug build reports these tests as ignored.
 
 mod common;
 
@@ -161,10 +162,6 @@ enum Part {
 }
 
 fn check(file: &str, backend: BackendKind, part: Part) {
-    if cfg!(debug_assertions) {
-        eprintln!("skipping {file}: fidelity tests run in release mode (cargo test --release)");
-        return;
-    }
     let Some(path) = common::model(file) else {
         return;
     };
@@ -258,52 +255,64 @@ const GEMMA3: &str = "gemma-3-270m-q4_k_m.gguf";
 const QWEN2: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_native() {
     check(SMOLLM2, BackendKind::Native, Part::TeacherForced);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_reference() {
     check(SMOLLM2, BackendKind::Reference, Part::TeacherForced);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_native() {
     check(GEMMA3, BackendKind::Native, Part::TeacherForced);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_reference() {
     check(GEMMA3, BackendKind::Reference, Part::TeacherForced);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_native() {
     check(QWEN2, BackendKind::Native, Part::TeacherForced);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_reference() {
     check(QWEN2, BackendKind::Reference, Part::TeacherForced);
 }
 
 // Greedy 64-token continuations of five prompts per model.
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_native_greedy() {
     check(SMOLLM2, BackendKind::Native, Part::Greedy);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_reference_greedy() {
     check(SMOLLM2, BackendKind::Reference, Part::Greedy);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_native_greedy() {
     check(GEMMA3, BackendKind::Native, Part::Greedy);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_reference_greedy() {
     check(GEMMA3, BackendKind::Reference, Part::Greedy);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_native_greedy() {
     check(QWEN2, BackendKind::Native, Part::Greedy);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_reference_greedy() {
     check(QWEN2, BackendKind::Reference, Part::Greedy);
 }

@@ -26,6 +26,7 @@
 //! is, the tests print a skip message — unless `FLATRUN_REQUIRE_MODELS=1`.
 //!
 //! Run in release mode: `cargo test --release -p flatrun-runtime --test hf_parity -- --nocapture`.
+//! A debug build reports the logit tests as ignored.
 
 mod common;
 
@@ -207,13 +208,6 @@ fn load(path: &std::path::Path, backend: BackendKind) -> Model {
 
 /// Teacher-forced logits of the HF directory against the F16 reference.
 fn check_logits(variant: &Variant, backend: BackendKind) {
-    if cfg!(debug_assertions) {
-        eprintln!(
-            "skipping {}: HF parity tests run in release mode (cargo test --release)",
-            variant.dir
-        );
-        return;
-    }
     let Some(dir) = hf_dir(variant) else {
         return;
     };
@@ -224,14 +218,17 @@ fn check_logits(variant: &Variant, backend: BackendKind) {
 }
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_f16_native() {
     check_logits(&SMOLLM2_F16, BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_f16_reference() {
     check_logits(&SMOLLM2_F16, BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_f16_sharded_native() {
     check_logits(&SMOLLM2_F16_SHARDED, BackendKind::Native);
 }
@@ -241,6 +238,7 @@ fn smollm2_f16_sharded_reference() {
     check_logits(&SMOLLM2_F16_SHARDED, BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_bf16_native() {
     check_logits(&SMOLLM2_BF16, BackendKind::Native);
 }
@@ -250,6 +248,7 @@ fn smollm2_bf16_reference() {
     check_logits(&SMOLLM2_BF16, BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_f32_native() {
     check_logits(&SMOLLM2_F32, BackendKind::Native);
 }
@@ -259,18 +258,22 @@ fn smollm2_f32_reference() {
     check_logits(&SMOLLM2_F32, BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_f16_native() {
     check_logits(&QWEN2_F16, BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_f16_reference() {
     check_logits(&QWEN2_F16, BackendKind::Reference);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_f16_native() {
     check_logits(&GEMMA3_F16, BackendKind::Native);
 }
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_f16_reference() {
     check_logits(&GEMMA3_F16, BackendKind::Reference);
 }

@@ -12,6 +12,9 @@
 //!   completion inside a memory cgroup capped at half its file size (cgroup
 //!   v1 `memory.limit_in_bytes` or v2 `memory.max`, created under this
 //!   process's own group; skipped with a message where not writable).
+//!
+//! Run in release mode: `cargo test --release -p flatrun-runtime --test memory -- --nocapture`.
+//! A debug build reports the RSS and cgroup tests as ignored.
 
 mod common;
 
@@ -24,11 +27,13 @@ use std::sync::Arc;
 const MB: u64 = 1_000_000;
 const CHILD_ENV: &str = "FLATRUN_MEMORY_CHILD_MODEL";
 
-/// Entry point of the child process (does nothing in a normal test run).
+/// Entry point of the child process: the tests below run it (`--ignored
+/// child_run`) with the model to load in `FLATRUN_MEMORY_CHILD_MODEL`.
 #[test]
+#[ignore = "the child process of the memory tests, run by them"]
 fn child_run() {
     let Some(model_path) = std::env::var_os(CHILD_ENV) else {
-        return;
+        panic!("{CHILD_ENV} is not set: child_run is started by the memory tests");
     };
     let ctx: usize = std::env::var("FLATRUN_MEMORY_CHILD_CTX")
         .ok()
@@ -125,9 +130,15 @@ fn spawn_child(
         }
         None => Command::new(&exe),
     };
-    cmd.args(["child_run", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, model)
-        .env("FLATRUN_MEMORY_CHILD_CTX", ctx.to_string());
+    cmd.args([
+        "child_run",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, model)
+    .env("FLATRUN_MEMORY_CHILD_CTX", ctx.to_string());
     let out = cmd.output().expect("spawn child");
     let stdout = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
@@ -155,10 +166,6 @@ fn field(r: &[(String, f64)], k: &str) -> f64 {
 
 /// Stream-mode peak RSS of one model against largest layer + KV + 100 MB.
 fn stream_peak_rss_within_budget(file: &str) {
-    if cfg!(debug_assertions) {
-        eprintln!("skipping: memory tests run in release mode (cargo test --release)");
-        return;
-    }
     let Some(path) = common::model(file) else {
         return;
     };
@@ -197,19 +204,22 @@ fn stream_peak_rss_within_budget(file: &str) {
 }
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn smollm2_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("SmolLM2-135M-Instruct.Q4_1.gguf");
 }
 
-// The 262k/152k-vocabulary models used to exceed the budget by their token
-// tables (one `String` per token, copied three times); the tokenizer now keeps
-// them in compact tables (`tokenizer/text_table.rs`).
+// The 262k/152k-vocabulary models fit the budget because the tokenizer keeps
+// their token tables compact (`tokenizer/text_table.rs`), not one `String`
+// per token.
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn gemma3_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("gemma-3-270m-q4_k_m.gguf");
 }
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_stream_peak_rss_within_budget() {
     stream_peak_rss_within_budget("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
 }
@@ -250,11 +260,8 @@ fn make_cgroup(limit: u64) -> Result<(PathBuf, PathBuf), String> {
 }
 
 #[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen2_runs_under_half_file_cgroup_cap() {
-    if cfg!(debug_assertions) {
-        eprintln!("skipping: memory tests run in release mode (cargo test --release)");
-        return;
-    }
     let Some(path) = common::model("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf") else {
         return;
     };
