@@ -15,10 +15,9 @@
 
 use crate::chunk_stream::{file_bounds, ChunkPlan, ChunkStream, ChunkedKernels};
 use crate::error::{Result, RuntimeError};
-use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
 use crate::layer_range::LayerSelection;
-use crate::layer_vectors::LayerVectorStore;
+use crate::layer_vectors::{LayerVectorStore, LayerView};
 use crate::memory;
 use crate::options::{KvType, LoadOptions, Prefetch};
 use crate::prefetch::Prefetcher;
@@ -29,12 +28,10 @@ use crate::stream_reader::StreamSchedule;
 use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{ops, Kernels, Weight};
-use flatrun_model::arch::qwen35::{HybridSegment, LayerMemory};
 use flatrun_model::arch::{
-    forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights,
+    layer_tensor, LayerKv, LayerMemory, LayerPlan, LayerScratch, MemoryKind, Segment,
 };
-use flatrun_model::manifest::layer_tensor;
-use flatrun_model::{Arch, Manifest, ModelConfig};
+use flatrun_model::{Manifest, ModelConfig, Role};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -120,10 +117,20 @@ pub struct StepOutput {
     pub hidden: Option<Vec<f32>>,
 }
 
-/// The matrix roles of a layer, in the order [`LayerWeights`] takes them.
-const MATRIX_ROLES: [&str; 7] = [
-    "attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate", "ffn.up", "ffn.down",
-];
+/// The matrices of each manifest layer (role, canonical name), in the
+/// order the layer multiplies them.
+fn layer_matrices(manifest: &Manifest) -> Vec<Vec<(Role, String)>> {
+    manifest
+        .layers
+        .iter()
+        .map(|l| {
+            l.tensors
+                .iter()
+                .filter_map(|t| Some((t.role().filter(|r| r.is_matrix())?, t.name.clone())))
+                .collect()
+        })
+        .collect()
+}
 
 /// The buffers of a step, kept from step to step so that a decode step
 /// allocates nothing large (each grows to the largest step seen).
@@ -181,11 +188,12 @@ pub struct StreamingExecutor {
     /// Rows at the start of a head the cap streams that are kept mapped
     /// anyway (the rest of the cap); populated once with `head_faulted_in`.
     head_kept_rows: usize,
-    /// Canonical names of each layer's matrices, in [`MATRIX_ROLES`] order.
-    matrix_names: Vec<[String; 7]>,
+    /// Each layer's matrices (role, canonical name), in the order it
+    /// multiplies them.
+    matrix_names: Vec<Vec<(Role, String)>>,
     /// Buffers of a step (ids, positions, activations, logits), reused.
     buffers: StepBuffers,
-    scratch: DecoderScratch,
+    scratch: LayerScratch,
     ctx: usize,
     kv_type: KvType,
     max_batch: usize,
@@ -193,9 +201,6 @@ pub struct StreamingExecutor {
     selection: LayerSelection,
     /// Dequantized matrices of the resident layers (`--weights f16|f32`).
     dense: DenseLayers,
-    /// The layers of a hybrid stack (Qwen3.5), which run instead of the
-    /// uniform decoder layers.
-    hybrid: Option<HybridLayers>,
     /// Timings and memory samples.
     pub profiler: Profiler,
 }
@@ -245,19 +250,19 @@ impl StreamingExecutor {
     ) -> Result<StreamingExecutor> {
         let b = backend.as_ref();
         let k = kernels.as_ref();
-        // Hybrid stacks keep their own per-layer vectors.
-        let hybrid = match cfg.arch {
-            Arch::Qwen35 => Some(HybridLayers::load(b, k, &cfg)?),
-            _ => None,
-        };
-        let n_uniform = if hybrid.is_some() { 0 } else { cfg.n_layer };
+        // Layers with a recurrent memory (Qwen3.5's delta nets) are not yet
+        // proven under the capped stream reader or the chunked stream: their
+        // weights are mapped and released whole.
+        let recurrent_stack =
+            (0..cfg.n_layer).any(|il| cfg.arch.layer_memory(&cfg, il) == MemoryKind::Recurrent);
+        let matrix_names = layer_matrices(&manifest);
         let output_norm = read_vector(b, k, &manifest.output_norm.name)?;
         let freq_factors = match &manifest.rope_freqs {
             Some(t) => Some(read_vector(b, k, &t.name)?),
             None => None,
         };
         let plans = (0..cfg.n_layer)
-            .map(|i| LayerPlan::new(&cfg, i, freq_factors.as_deref()))
+            .map(|i| cfg.arch.layer_plan(&cfg, i, freq_factors.as_deref()))
             .collect();
         let read_depth = match opts.prefetch {
             Prefetch::Ahead { depth } => depth.max(1),
@@ -277,15 +282,7 @@ impl StreamingExecutor {
             }
             None => LayerSelection::all(cfg.n_layer),
         };
-        let dense = DenseLayers::build(
-            opts.weights,
-            b,
-            k,
-            cfg.n_layer,
-            &MATRIX_ROLES,
-            &residency,
-            &selection,
-        )?;
+        let dense = DenseLayers::build(opts.weights, b, k, &matrix_names, &residency, &selection)?;
         let (prefetcher, prefetch_depth) = match opts.prefetch {
             Prefetch::Ahead { depth } if depth > 0 => {
                 let mut lists: Vec<Vec<String>> = manifest
@@ -305,9 +302,9 @@ impl StreamingExecutor {
             .and_then(|h| weight(&h).map(|w| w.row_bytes() as u64))
             .unwrap_or(0);
         let mut head_kept_rows = 0;
-        let streamer = match (opts.residency, opts.prefetch, cfg.arch) {
-            (crate::Residency::Cap(_) | crate::Residency::Custom(_), Prefetch::Ahead { .. }, a)
-                if a != Arch::Qwen35 && head_row_bytes > 0 =>
+        let streamer = match (opts.residency, opts.prefetch) {
+            (crate::Residency::Cap(_) | crate::Residency::Custom(_), Prefetch::Ahead { .. })
+                if !recurrent_stack && head_row_bytes > 0 =>
             {
                 (residency, head_kept_rows) = residency.with_head_rows(head_row_bytes);
                 StreamSchedule::build(
@@ -335,7 +332,7 @@ impl StreamingExecutor {
         // reader is mapped chunk by chunk, a fixed byte budget at a time.
         let chunked_layer: Vec<bool> = (0..cfg.n_layer)
             .map(|il| {
-                hybrid.is_none()
+                !recurrent_stack
                     && selection.runs(il)
                     && dense.layer(il).is_none()
                     && !residency.is_resident(il)
@@ -346,7 +343,7 @@ impl StreamingExecutor {
             .iter()
             .enumerate()
             .filter(|(_, &chunked)| chunked)
-            .flat_map(|(il, _)| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
+            .flat_map(|(il, _)| matrix_names[il].iter().map(|(_, name)| name.clone()))
             .collect();
         if !residency.output_resident
             && streamer
@@ -357,7 +354,8 @@ impl StreamingExecutor {
         }
         // The layers' norms and biases: kept as f32 copies, except those of
         // chunked layers, read again whenever the layer runs.
-        let vectors = LayerVectorStore::load(b, k, &manifest, n_uniform, |il| !chunked_layer[il])?;
+        let vectors =
+            LayerVectorStore::load(b, k, &manifest, cfg.n_layer, |il| !chunked_layer[il])?;
         // Unless everything is kept, drop what loading mapped (the norms and
         // biases just copied, and the blocks the kernel faulted in around
         // them): from here on only the weights in use are mapped.
@@ -386,11 +384,8 @@ impl StreamingExecutor {
             .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
         let max_batch = opts.max_batch.max(1);
         let n_layer = cfg.n_layer;
-        let matrix_names = (0..n_layer)
-            .map(|il| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
-            .collect();
         Ok(StreamingExecutor {
-            scratch: DecoderScratch::new(&cfg, 1),
+            scratch: LayerScratch::new(&cfg, 1),
             profiler: Profiler::new(cfg.n_layer, opts.profile, opts.trace_memory),
             backend,
             cfg,
@@ -418,7 +413,6 @@ impl StreamingExecutor {
             max_batch,
             selection,
             dense,
-            hybrid,
         })
     }
 
@@ -625,55 +619,18 @@ impl StreamingExecutor {
                 continue;
             }
             self.request_prefetch(il);
-            // Hybrid stacks (Qwen3.5): a gated delta-net or gated attention
-            // layer over each sequence's recurrent state or KV cache.
-            if let Some(hybrid) = self.hybrid.as_mut() {
-                let mut segments: Vec<HybridSegment> = Vec::with_capacity(pieces.len());
-                for (s, (seq, _)) in batch.iter_mut().enumerate() {
-                    let Some(k) = pieces.iter().position(|(ps, _)| *ps == s) else {
-                        continue;
-                    };
-                    let memory = if self.cfg.is_recurrent(il) {
-                        seq.recurrent.layer_mut(il).map(LayerMemory::Recurrent)
-                    } else {
-                        seq.kv
-                            .layer_mut(il)
-                            .map(|kv| LayerMemory::Kv(kv as &mut dyn LayerKv))
-                    };
-                    if let Some(memory) = memory {
-                        segments.push(HybridSegment {
-                            tokens: rows[k].clone(),
-                            memory,
-                        });
-                    }
-                }
-                hybrid.run_layer(
-                    il,
-                    &self.cfg,
-                    backend.as_ref(),
-                    self.kernels.as_ref(),
-                    &self.residency,
-                    hidden,
-                    positions,
-                    &mut segments,
-                    &mut self.profiler,
-                )?;
-                drop(segments);
-                self.profiler.sample_memory(il);
-                continue;
-            }
             // Acquire: open the layer's matrices and fault their pages in
             // (nothing to read when they were dequantized at load).
             let t_io = Instant::now();
             let dense = self.dense.layer(il);
-            let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
+            let mut handles = Vec::with_capacity(self.matrix_names[il].len());
             // A layer the cap streams arrives read into a buffer.
             let streamed =
                 match (&mut self.streamer, dense.is_none()) {
                     (Some(st), true) => match st.layer(il) {
                         Some(item) => Some(st.reader.acquire(item).map_err(|what| {
                             RuntimeError::StreamRead {
-                                tensor: layer_tensor(il, "*"),
+                                tensor: format!("layers.{il}.*"),
                                 what,
                             }
                         })?),
@@ -682,7 +639,7 @@ impl StreamingExecutor {
                     _ => None,
                 };
             if let Some(item) = &streamed {
-                for name in &self.matrix_names[il] {
+                for (_, name) in &self.matrix_names[il] {
                     let info =
                         backend
                             .tensor_info(name)
@@ -702,7 +659,7 @@ impl StreamingExecutor {
                 // A kept layer is populated once; later steps find it mapped.
                 // A chunked layer is faulted in chunk by chunk by its matmuls.
                 let populate = !self.faulted_in[il] && !self.chunked_layer[il];
-                for name in &self.matrix_names[il] {
+                for (_, name) in &self.matrix_names[il] {
                     let h = open(backend.as_ref(), name)?;
                     if populate {
                         memory::populate(h.bytes());
@@ -714,51 +671,52 @@ impl StreamingExecutor {
             self.profiler.record_io_wait(il, t_io.elapsed());
             self.profiler
                 .record_bytes_acquired(il, handles.iter().map(|h| h.bytes().len() as u64).sum());
-            let matrices = match dense {
-                Some(dense) => dense
-                    .iter()
-                    .map(|m| {
-                        m.weight().map_err(|source| RuntimeError::Kernel {
-                            tensor: layer_tensor(il, "dense"),
+            let roles = self.matrix_names[il].iter().map(|(role, _)| *role);
+            let matrices: Vec<(Role, Weight)> = match dense {
+                Some(dense) => roles
+                    .zip(dense)
+                    .map(|(role, m)| {
+                        let w = m.weight().map_err(|source| RuntimeError::Kernel {
+                            tensor: layer_tensor(il, role),
                             source,
-                        })
+                        })?;
+                        Ok((role, w))
                     })
-                    .collect::<Result<Vec<_>>>()?,
-                None => handles.iter().map(weight).collect::<Result<Vec<_>>>()?,
+                    .collect::<Result<_>>()?,
+                None => roles
+                    .zip(&handles)
+                    .map(|(role, h)| Ok((role, weight(h)?)))
+                    .collect::<Result<_>>()?,
             };
 
-            let v =
+            let vectors =
                 self.vectors
                     .get(backend.as_ref(), self.kernels.as_ref(), &self.manifest, il)?;
-            let weights = LayerWeights {
-                attn_norm: &v.attn_norm,
-                q: matrices[0],
-                k: matrices[1],
-                v: matrices[2],
-                o: matrices[3],
-                q_bias: v.q_bias.as_deref(),
-                k_bias: v.k_bias.as_deref(),
-                v_bias: v.v_bias.as_deref(),
-                o_bias: v.o_bias.as_deref(),
-                q_norm: v.q_norm.as_deref(),
-                k_norm: v.k_norm.as_deref(),
-                post_attn_norm: v.post_attn_norm.as_deref(),
-                ffn_norm: &v.ffn_norm,
-                gate: matrices[4],
-                up: matrices[5],
-                down: matrices[6],
-                post_ffn_norm: v.post_ffn_norm.as_deref(),
+            let tensors = LayerView {
+                matrices: &matrices,
+                vectors,
             };
-            // Each sequence attends through its own cache of this layer.
-            let mut segments: Vec<AttentionSegment> = Vec::with_capacity(pieces.len());
+            // Each sequence runs through its own memory of this layer: a KV
+            // cache, or a recurrent state.
+            let memory = self.cfg.arch.layer_memory(&self.cfg, il);
+            let mut segments: Vec<Segment> = Vec::with_capacity(pieces.len());
             for (s, (seq, _)) in batch.iter_mut().enumerate() {
                 let Some(k) = pieces.iter().position(|(ps, _)| *ps == s) else {
                     continue;
                 };
-                if let Some(kv) = seq.kv.layer_mut(il) {
-                    segments.push(AttentionSegment {
+                let memory = match memory {
+                    MemoryKind::Kv => seq
+                        .kv
+                        .layer_mut(il)
+                        .map(|kv| LayerMemory::Kv(kv as &mut dyn LayerKv)),
+                    MemoryKind::Recurrent => {
+                        seq.recurrent.layer_mut(il).map(LayerMemory::Recurrent)
+                    }
+                };
+                if let Some(memory) = memory {
+                    segments.push(Segment {
                         tokens: rows[k].clone(),
-                        kv: kv as &mut dyn LayerKv,
+                        memory,
                     });
                 }
             }
@@ -776,10 +734,10 @@ impl StreamingExecutor {
                 None => self.kernels.as_ref(),
             };
             // Run the layer for every token of the step.
-            forward_layer(
+            self.cfg.arch.forward_layer(
                 &self.cfg,
                 &self.plans[il],
-                &weights,
+                &tensors,
                 hidden,
                 positions,
                 &mut segments,

@@ -1,4 +1,6 @@
-//! The small per-layer vectors (norm weights, biases, q/k norms) as f32.
+//! The small per-layer tensors (norm weights, biases, q/k norms, Qwen3.5's
+//! conv kernels and decay constants) as f32, and the view a running layer
+//! gets of its weights ([`LayerView`]).
 //!
 //! A layer whose matrices stay where they are (resident, kept by a cap, or
 //! read whole by the cap's stream reader) keeps f32 copies of its vectors for
@@ -12,52 +14,56 @@ use crate::error::{Result, RuntimeError};
 use crate::memory;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{Kernels, Weight};
-use flatrun_model::manifest::layer_tensor;
-use flatrun_model::Manifest;
+use flatrun_model::arch::layer_tensor;
+use flatrun_model::arch::LayerTensors;
+use flatrun_model::{Manifest, Role};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-/// f32 copies of one layer's small vectors (norms, biases).
+/// f32 copies of one layer's small tensors, by role.
 #[derive(Debug, Default)]
 pub(crate) struct LayerVectors {
-    pub attn_norm: Vec<f32>,
-    pub ffn_norm: Vec<f32>,
-    pub q_bias: Option<Vec<f32>>,
-    pub k_bias: Option<Vec<f32>>,
-    pub v_bias: Option<Vec<f32>>,
-    pub o_bias: Option<Vec<f32>>,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    /// Indexed by `role as usize`; `None` where the layer has no such vector.
+    values: Vec<Option<Vec<f32>>>,
 }
 
-/// The optional vectors, by role, and where [`LayerVectors`] keeps each.
-const OPTIONAL_ROLES: [&str; 8] = [
-    "attn.q.bias",
-    "attn.k.bias",
-    "attn.v.bias",
-    "attn.o.bias",
-    "attn.q_norm",
-    "attn.k_norm",
-    "post_attn_norm",
-    "post_ffn_norm",
-];
-
 impl LayerVectors {
-    fn optional_mut(&mut self, role: &str) -> Option<&mut Option<Vec<f32>>> {
-        Some(match role {
-            "attn.q.bias" => &mut self.q_bias,
-            "attn.k.bias" => &mut self.k_bias,
-            "attn.v.bias" => &mut self.v_bias,
-            "attn.o.bias" => &mut self.o_bias,
-            "attn.q_norm" => &mut self.q_norm,
-            "attn.k_norm" => &mut self.k_norm,
-            "post_attn_norm" => &mut self.post_attn_norm,
-            "post_ffn_norm" => &mut self.post_ffn_norm,
-            _ => return None,
-        })
+    /// The vector `role`, if the layer has it.
+    pub fn get(&self, role: Role) -> Option<&[f32]> {
+        self.values.get(role as usize)?.as_deref()
     }
+}
+
+/// What a running layer sees of its weights: its matrices (from the mapping,
+/// a read buffer or a dense copy) and its vectors.
+pub(crate) struct LayerView<'a> {
+    pub matrices: &'a [(Role, Weight<'a>)],
+    pub vectors: &'a LayerVectors,
+}
+
+impl LayerTensors for LayerView<'_> {
+    fn matrix(&self, role: Role) -> Option<Weight<'_>> {
+        self.matrices
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|&(_, w)| w)
+    }
+    fn vector(&self, role: Role) -> Option<&[f32]> {
+        self.vectors.get(role)
+    }
+}
+
+/// The vector tensors of a manifest layer: (role, canonical name).
+fn vector_tensors(manifest: &Manifest, il: usize) -> impl Iterator<Item = (Role, &str)> {
+    manifest
+        .layers
+        .get(il)
+        .into_iter()
+        .flat_map(|l| l.tensors.iter())
+        .filter_map(|t| {
+            let role = t.role()?;
+            (!role.is_matrix()).then_some((role, t.name.as_str()))
+        })
 }
 
 /// Reads vectors: with `pread` where a tensor is a plain byte range of its
@@ -134,7 +140,7 @@ pub(crate) struct LayerVectorStore {
 }
 
 impl LayerVectorStore {
-    /// Read the vectors of `n_layer` layers, keeping those for which
+    /// Read the vectors of the manifest's first `n_layer` layers, keeping those for which
     /// `keep(i)` holds; the others are read when [`LayerVectorStore::get`]
     /// asks for them (checked here once, so a missing tensor fails the load).
     pub fn load(
@@ -155,9 +161,9 @@ impl LayerVectorStore {
                 store.read_layer(backend, kernels, manifest, il, &mut v)?;
                 store.kept.push(Some(v));
             } else {
-                for role in ["attn_norm", "ffn_norm"] {
+                for (_, name) in vector_tensors(manifest, il) {
                     // Opening a handle touches none of its bytes.
-                    backend.tensor(&layer_tensor(il, role))?;
+                    backend.tensor(name)?;
                 }
                 store.kept.push(None);
             }
@@ -191,31 +197,15 @@ impl LayerVectorStore {
         il: usize,
         v: &mut LayerVectors,
     ) -> Result<()> {
-        let present = |name: &str| {
-            manifest
-                .layers
-                .get(il)
-                .is_some_and(|l| l.tensors.iter().any(|t| t.name == name))
-        };
-        self.read_sized(
-            backend,
-            kernels,
-            &layer_tensor(il, "attn_norm"),
-            &mut v.attn_norm,
-        )?;
-        self.read_sized(
-            backend,
-            kernels,
-            &layer_tensor(il, "ffn_norm"),
-            &mut v.ffn_norm,
-        )?;
-        for role in OPTIONAL_ROLES {
-            let name = layer_tensor(il, role);
-            let Some(slot) = v.optional_mut(role) else {
-                continue;
-            };
-            if present(&name) {
+        let mut present = [false; Role::COUNT];
+        for (role, _) in vector_tensors(manifest, il) {
+            present[role as usize] = true;
+        }
+        v.values.resize_with(Role::COUNT, || None);
+        for (role, slot) in Role::ALL.iter().zip(v.values.iter_mut()) {
+            if present[*role as usize] {
                 let out = slot.get_or_insert_with(Vec::new);
+                let name = layer_tensor(il, *role);
                 self.read_sized(backend, kernels, &name, out)?;
             } else {
                 *slot = None;

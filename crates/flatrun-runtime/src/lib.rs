@@ -26,7 +26,6 @@ pub mod chunk_stream;
 pub mod error;
 pub mod executor;
 pub mod generate;
-mod hybrid_layers;
 pub mod kv_cache;
 pub mod layer_range;
 mod layer_vectors;
