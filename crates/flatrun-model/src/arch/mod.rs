@@ -207,7 +207,7 @@ pub fn require_matrix<'t>(t: &'t dyn LayerTensors, layer: usize, role: Role) -> 
 }
 
 /// The vector `role` of layer `layer`, or an error naming it.
-pub fn require_vector<'t>(t: &'t dyn LayerTensors, layer: usize, role: Role) -> Result<&'t [f32]> {
+pub fn require_vector(t: &dyn LayerTensors, layer: usize, role: Role) -> Result<&[f32]> {
     t.vector(role).ok_or(ModelError::MissingLayerTensor {
         layer,
         tensor: role.suffix(),
