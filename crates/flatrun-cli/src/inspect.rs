@@ -127,13 +127,14 @@ fn write_stdout(text: &str) -> Result<()> {
 
 /// Build the report for `path`.
 pub fn inspect(path: &Path, with_tensors: bool) -> Result<Report> {
-    let backend =
-        flatrun_format::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+    let checkpoint = flatrun_model::Checkpoint::open(path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    let backend = checkpoint.backend();
     let gguf_version = backend.format_version();
     // Model facts: GGUF metadata, or config.json + tokenizer files.
-    let facts = match backend.directory() {
-        Some(dir) if backend.name() != "gguf" => facts_from_directory(dir)?,
-        _ => facts_from_gguf_metadata(backend.metadata()),
+    let facts = match checkpoint.side_files() {
+        Some(dir) => facts_from_directory(dir)?,
+        None => facts_from_gguf_metadata(backend.metadata()),
     };
 
     let mut tensors_by_type = BTreeMap::new();

@@ -12,7 +12,7 @@
 
 use crate::flags::{human_bytes, residency_name};
 use anyhow::{bail, Result};
-use flatrun_model::{Manifest, ModelConfig};
+use flatrun_model::{Checkpoint, Manifest, ModelConfig};
 use flatrun_runtime::{Residency, ResidencyPlan};
 use serde::Serialize;
 use std::fmt::Write;
@@ -72,18 +72,14 @@ pub struct LayerTensor {
 /// Build the plan for `path`; `None` when the architecture is not one the
 /// runtime runs (the rest of `inspect` still works then).
 pub fn plan(path: &Path, layer: Option<usize>) -> Result<Option<MemoryPlan>> {
-    let Ok(backend) = flatrun_format::open(path) else {
+    let Ok(checkpoint) = Checkpoint::open(path) else {
         return Ok(None);
     };
-    let cfg = if backend.name() == "gguf" {
-        ModelConfig::from_gguf(backend.metadata())
-    } else {
-        match backend.directory() {
-            Some(dir) => ModelConfig::from_hf_config_file(&dir.join("config.json")),
-            None => return Ok(None),
-        }
-    };
-    let Ok(cfg) = cfg else {
+    if !checkpoint.is_gguf() && checkpoint.side_files().is_none() {
+        return Ok(None);
+    }
+    let backend = checkpoint.backend();
+    let Ok(cfg) = checkpoint.config() else {
         if layer.is_some() {
             bail!(
                 "--layer needs a model whose architecture flatrun runs ({})",

@@ -8,7 +8,7 @@ use crate::loading::check_model_path;
 use anyhow::{anyhow, Result};
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
-use flatrun_model::ModelConfig;
+use flatrun_model::Checkpoint;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -50,41 +50,25 @@ struct TokenizeResult {
 /// The tokenizer and chat template of a checkpoint, without its weights.
 fn open_tokenizer(path: &Path, with_template: bool) -> Result<(Tokenizer, Option<ChatTemplate>)> {
     check_model_path(path)?;
-    let backend =
-        flatrun_format::open(path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))?;
+    let checkpoint =
+        Checkpoint::open(path).map_err(|e| anyhow!("cannot open {}: {e}", path.display()))?;
     let unsupported = |e: String| anyhow!("{}: {e}", path.display());
-    if backend.name() == "gguf" {
-        let md = backend.metadata();
-        let tokenizer =
-            Tokenizer::from_gguf_metadata(md).map_err(|e| unsupported(e.to_string()))?;
-        let template = if with_template {
-            let cfg = ModelConfig::from_gguf(md).map_err(|e| unsupported(e.to_string()))?;
-            Some(
-                ChatTemplate::from_gguf_metadata(md, cfg.arch.name())
-                    .map_err(|e| unsupported(e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        Ok((tokenizer, template))
+    let tokenizer = checkpoint
+        .tokenizer()
+        .map_err(|e| unsupported(e.to_string()))?;
+    let template = if with_template {
+        let cfg = checkpoint
+            .config()
+            .map_err(|e| unsupported(e.to_string()))?;
+        Some(
+            checkpoint
+                .chat_template(cfg.arch)
+                .map_err(|e| unsupported(e.to_string()))?,
+        )
     } else {
-        let dir = backend
-            .directory()
-            .map(Path::to_path_buf)
-            .ok_or_else(|| anyhow!("{}: no directory with tokenizer.json", path.display()))?;
-        let tokenizer = Tokenizer::from_hf_dir(&dir).map_err(|e| unsupported(e.to_string()))?;
-        let template = if with_template {
-            let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))
-                .map_err(|e| unsupported(e.to_string()))?;
-            Some(
-                ChatTemplate::from_hf_dir(&dir, cfg.arch.name())
-                    .map_err(|e| unsupported(e.to_string()))?,
-            )
-        } else {
-            None
-        };
-        Ok((tokenizer, template))
-    }
+        None
+    };
+    Ok((tokenizer, template))
 }
 
 /// Run `flatrun tokenize`.

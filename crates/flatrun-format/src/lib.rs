@@ -57,7 +57,8 @@ pub use gguf::GgufBackend;
 pub use mlx_backend::MlxBackend;
 pub use multi_backend::MultiBackend;
 pub use names::canonical_layer_index;
-pub use registry::open;
+pub use names::HfNaming;
+pub use registry::{open, open_with};
 pub use safetensors_backend::SafetensorsBackend;
 
 use std::path::{Path, PathBuf};

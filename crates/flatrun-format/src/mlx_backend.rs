@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 
 use crate::backend_support::{check_extents, dedupe_canonical_names};
 use crate::mapped_file::MappedFile;
-use crate::names::{canonical_hf_name, HfFamily};
+use crate::names::{canonical_hf_name, HfNaming};
 use crate::safetensors_backend::parse_header;
 use crate::shard_index::list_shards;
 use crate::tensor_index::TensorIndex;
@@ -133,8 +133,8 @@ pub struct MlxBackend {
 }
 
 impl MlxBackend {
-    /// Open the MLX checkpoint in `dir`.
-    pub fn open(dir: &Path) -> Result<MlxBackend> {
+    /// Open the MLX checkpoint in `dir`, naming its tensors under `naming`.
+    pub fn open(dir: &Path, naming: &HfNaming) -> Result<MlxBackend> {
         let config = read_config(dir)?;
         let quant = MlxQuantConfig::from_config(&config).ok_or_else(|| FormatError::Metadata {
             key: "quantization".into(),
@@ -143,7 +143,6 @@ impl MlxBackend {
                 dir.display()
             ),
         })?;
-        let family = HfFamily::from_config(&config);
         let shards = list_shards(dir)?;
 
         // Map and parse every shard.
@@ -168,7 +167,7 @@ impl MlxBackend {
 
         // Canonical names, then per-file extent checks of every byte range.
         for t in tensors.iter_mut() {
-            if let Some(name) = canonical_hf_name(&t.original_name, family) {
+            if let Some(name) = canonical_hf_name(&t.original_name, naming) {
                 t.name = name;
             }
         }

@@ -4,7 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::safetensors_backend::{family_from_directory, SafetensorsBackend};
+use crate::names::HfNaming;
+use crate::safetensors_backend::SafetensorsBackend;
 use crate::shard_index::list_shards;
 use crate::tensor_index::TensorIndex;
 use crate::{FormatError, Metadata, Result, StorageBackend, TensorHandle, TensorInfo};
@@ -89,14 +90,13 @@ impl MultiBackend {
     /// Open a Hugging Face checkpoint directory of several safetensors
     /// shards (`model.safetensors.index.json`, or every `*.safetensors`).
     /// When an index is present, every tensor it lists must be in its shard.
-    pub fn open_safetensors_directory(dir: &Path) -> Result<MultiBackend> {
+    pub fn open_safetensors_directory(dir: &Path, naming: &HfNaming) -> Result<MultiBackend> {
         let shards = list_shards(dir)?;
-        let family = family_from_directory(Some(dir));
         let mut opened: Vec<Box<dyn StorageBackend>> = Vec::with_capacity(shards.files.len());
         for f in &shards.files {
             opened.push(Box::new(SafetensorsBackend::open_with(
                 f,
-                family,
+                naming,
                 Some(dir.to_path_buf()),
             )?));
         }

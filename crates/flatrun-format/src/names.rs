@@ -9,8 +9,8 @@
 //! | `layers.{i}.attn_norm` | `blk.{i}.attn_norm.weight` | `model.layers.{i}.input_layernorm.weight` |
 //! | `layers.{i}.attn.q` / `.k` / `.v` / `.o` | `blk.{i}.attn_q` / `attn_k` / `attn_v` / `attn_output` | `self_attn.q_proj` / `k_proj` / `v_proj` / `o_proj` |
 //! | `layers.{i}.attn.q_norm` / `.k_norm` | `attn_q_norm` / `attn_k_norm` | `self_attn.q_norm` / `k_norm` |
-//! | `layers.{i}.post_attn_norm` | `post_attention_norm` | Gemma: `post_attention_layernorm` |
-//! | `layers.{i}.ffn_norm` | `ffn_norm` | Llama/Qwen: `post_attention_layernorm`; Gemma: `pre_feedforward_layernorm` |
+//! | `layers.{i}.post_attn_norm` | `post_attention_norm` | per family ([`HfNaming`]) |
+//! | `layers.{i}.ffn_norm` | `ffn_norm` | `pre_feedforward_layernorm`; `post_attention_layernorm` per family ([`HfNaming`]) |
 //! | `layers.{i}.post_ffn_norm` | `post_ffw_norm` | `post_feedforward_layernorm` |
 //! | `layers.{i}.ffn.gate` / `.up` / `.down` | `ffn_gate` / `ffn_up` / `ffn_down` | `mlp.gate_proj` / `up_proj` / `down_proj` |
 //! | `layers.{i}.attn.qkv` / `.gate` | `attn_qkv` / `attn_gate` | — (Qwen3.5 delta-net input and output gate) |
@@ -19,40 +19,20 @@
 //! Weights carry no suffix; biases get `.bias` (`layers.0.attn.q.bias`).
 //! A name no rule knows is listed under its original name.
 
-/// How a Hugging Face checkpoint names its norms: the one ambiguity between
-/// families is `post_attention_layernorm`.
+/// The Hugging Face per-layer names whose meaning depends on the model
+/// family, supplied by the family (flatrun-model's `Architecture::hf_naming`):
+/// `(stem, canonical stem)` pairs, consulted before the shared table. The one
+/// such name today is `post_attention_layernorm`, the pre-FFN norm in most
+/// families and the norm of the attention output in others.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum HfFamily {
-    /// Llama, Qwen, Mistral, …: `post_attention_layernorm` is the pre-FFN norm.
-    #[default]
-    Llama,
-    /// Gemma 2/3: `post_attention_layernorm` is applied to the attention
-    /// output; `pre_feedforward_layernorm` is the pre-FFN norm.
-    Gemma,
+pub struct HfNaming {
+    pub layer_stems: &'static [(&'static str, &'static str)],
 }
 
-impl HfFamily {
-    /// The family from a `config.json`'s `model_type` / `architectures`.
-    pub fn from_config(config: &serde_json::Value) -> HfFamily {
-        let model_type = config
-            .get("model_type")
-            .and_then(|v| v.as_str())
-            .unwrap_or("");
-        let architectures: Vec<&str> = config
-            .get("architectures")
-            .and_then(|v| v.as_array())
-            .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default();
-        let is_gemma = |s: &str| {
-            let s = s.to_ascii_lowercase();
-            s.starts_with("gemma2") || s.starts_with("gemma3") || s.starts_with("gemma4")
-        };
-        if is_gemma(model_type) || architectures.iter().any(|a| is_gemma(a)) {
-            HfFamily::Gemma
-        } else {
-            HfFamily::Llama
-        }
-    }
+impl HfNaming {
+    /// Only the shared table: a name whose meaning depends on the family
+    /// keeps its original name.
+    pub const GENERIC: HfNaming = HfNaming { layer_stems: &[] };
 }
 
 /// Canonical stem of a GGUF per-layer tensor (`attn_q` → `attn.q`).
@@ -137,24 +117,26 @@ pub fn canonical_gguf_name(name: &str) -> Option<String> {
     gguf_global_stem(stem).map(|c| format!("{c}{suffix}"))
 }
 
-/// Canonical stem of a Hugging Face per-layer tensor.
-fn hf_layer_stem(stem: &str, family: HfFamily) -> Option<&'static str> {
-    Some(match (stem, family) {
-        ("self_attn.q_proj", _) => "attn.q",
-        ("self_attn.k_proj", _) => "attn.k",
-        ("self_attn.v_proj", _) => "attn.v",
-        ("self_attn.o_proj", _) => "attn.o",
-        ("self_attn.qkv_proj", _) => "attn.qkv",
-        ("self_attn.q_norm", _) => "attn.q_norm",
-        ("self_attn.k_norm", _) => "attn.k_norm",
-        ("input_layernorm", _) => "attn_norm",
-        ("post_attention_layernorm", HfFamily::Llama) => "ffn_norm",
-        ("post_attention_layernorm", HfFamily::Gemma) => "post_attn_norm",
-        ("pre_feedforward_layernorm", _) => "ffn_norm",
-        ("post_feedforward_layernorm", _) => "post_ffn_norm",
-        ("mlp.gate_proj", _) => "ffn.gate",
-        ("mlp.up_proj", _) => "ffn.up",
-        ("mlp.down_proj", _) => "ffn.down",
+/// Canonical stem of a Hugging Face per-layer tensor: the family's own
+/// names first, then the names every family shares.
+fn hf_layer_stem(stem: &str, naming: &HfNaming) -> Option<&'static str> {
+    if let Some((_, canonical)) = naming.layer_stems.iter().find(|(s, _)| *s == stem) {
+        return Some(canonical);
+    }
+    Some(match stem {
+        "self_attn.q_proj" => "attn.q",
+        "self_attn.k_proj" => "attn.k",
+        "self_attn.v_proj" => "attn.v",
+        "self_attn.o_proj" => "attn.o",
+        "self_attn.qkv_proj" => "attn.qkv",
+        "self_attn.q_norm" => "attn.q_norm",
+        "self_attn.k_norm" => "attn.k_norm",
+        "input_layernorm" => "attn_norm",
+        "pre_feedforward_layernorm" => "ffn_norm",
+        "post_feedforward_layernorm" => "post_ffn_norm",
+        "mlp.gate_proj" => "ffn.gate",
+        "mlp.up_proj" => "ffn.up",
+        "mlp.down_proj" => "ffn.down",
         _ => return None,
     })
 }
@@ -166,13 +148,16 @@ const HF_MODEL_PREFIXES: &[&str] = &["model.language_model.", "language_model.mo
 /// The canonical name of a Hugging Face (or MLX) tensor, or `None`.
 ///
 /// ```
-/// use flatrun_format::names::{canonical_hf_name, HfFamily};
-/// let q = canonical_hf_name("model.layers.2.self_attn.q_proj.weight", HfFamily::Llama);
+/// use flatrun_format::names::{canonical_hf_name, HfNaming};
+/// let q = canonical_hf_name("model.layers.2.self_attn.q_proj.weight", &HfNaming::GENERIC);
 /// assert_eq!(q.as_deref(), Some("layers.2.attn.q"));
-/// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", HfFamily::Gemma);
+/// let sandwich = HfNaming { layer_stems: &[("post_attention_layernorm", "post_attn_norm")] };
+/// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", &sandwich);
 /// assert_eq!(n.as_deref(), Some("layers.2.post_attn_norm"));
+/// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", &HfNaming::GENERIC);
+/// assert_eq!(n, None);
 /// ```
-pub fn canonical_hf_name(name: &str, family: HfFamily) -> Option<String> {
+pub fn canonical_hf_name(name: &str, naming: &HfNaming) -> Option<String> {
     let (stem, suffix) = split_param(name)?;
     if stem == "lm_head" || stem == "language_model.lm_head" {
         return Some(format!("output{suffix}"));
@@ -182,7 +167,7 @@ pub fn canonical_hf_name(name: &str, family: HfFamily) -> Option<String> {
         .find_map(|p| stem.strip_prefix(p))?;
     if let Some(rest) = inner.strip_prefix("layers.") {
         let (layer, stem) = split_layer(rest)?;
-        let canonical = hf_layer_stem(stem, family)?;
+        let canonical = hf_layer_stem(stem, naming)?;
         return Some(format!("layers.{layer}.{canonical}{suffix}"));
     }
     let canonical = match inner {
@@ -252,9 +237,14 @@ mod tests {
     }
 
     #[test]
-    fn hf_names_depend_on_family() {
-        let l = HfFamily::Llama;
-        let g = HfFamily::Gemma;
+    fn hf_names_follow_the_given_naming() {
+        const PRE_FFN: HfNaming = HfNaming {
+            layer_stems: &[("post_attention_layernorm", "ffn_norm")],
+        };
+        const SANDWICH: HfNaming = HfNaming {
+            layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+        };
+        let (l, g) = (&PRE_FFN, &SANDWICH);
         let n = |s: &str, f| canonical_hf_name(s, f);
         assert_eq!(n("model.embed_tokens.weight", l).as_deref(), Some("embed"));
         assert_eq!(n("lm_head.weight", l).as_deref(), Some("output"));
@@ -280,6 +270,13 @@ mod tests {
             Some("layers.3.post_attn_norm")
         );
         assert_eq!(
+            n(
+                "model.layers.3.post_attention_layernorm.weight",
+                &HfNaming::GENERIC
+            ),
+            None
+        );
+        assert_eq!(
             n("model.layers.3.pre_feedforward_layernorm.weight", g).as_deref(),
             Some("layers.3.ffn_norm")
         );
@@ -301,27 +298,6 @@ mod tests {
         );
         assert_eq!(n("model.layers.3.mlp.experts.weight", l), None);
         assert_eq!(n("vision_tower.x.weight", l), None);
-    }
-
-    #[test]
-    fn family_from_config() {
-        let cfg = |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap();
-        assert_eq!(
-            HfFamily::from_config(&cfg(r#"{"model_type":"gemma3_text"}"#)),
-            HfFamily::Gemma
-        );
-        assert_eq!(
-            HfFamily::from_config(&cfg(r#"{"architectures":["Gemma3ForCausalLM"]}"#)),
-            HfFamily::Gemma
-        );
-        assert_eq!(
-            HfFamily::from_config(&cfg(r#"{"model_type":"qwen2"}"#)),
-            HfFamily::Llama
-        );
-        assert_eq!(
-            HfFamily::from_config(&cfg(r#"{"model_type":"gemma"}"#)),
-            HfFamily::Llama
-        );
     }
 
     #[test]

@@ -16,7 +16,8 @@ use std::path::Path;
 use crate::gguf::{GgufBackend, GGUF_MAGIC};
 use crate::mlx_backend::{is_mlx_directory, MlxBackend};
 use crate::multi_backend::MultiBackend;
-use crate::safetensors_backend::{family_from_directory, SafetensorsBackend};
+use crate::names::HfNaming;
+use crate::safetensors_backend::SafetensorsBackend;
 use crate::shard_index::{has_safetensors, list_shards};
 use crate::{FormatError, Result, StorageBackend};
 
@@ -26,8 +27,9 @@ pub struct Detector {
     pub name: &'static str,
     /// Whether this format claims `path`.
     pub detect: fn(&Path) -> bool,
-    /// Open `path` with this format's backend.
-    pub open: fn(&Path) -> Result<Box<dyn StorageBackend>>,
+    /// Open `path` with this format's backend (Hugging Face tensor names
+    /// under the given naming).
+    pub open: fn(&Path, &HfNaming) -> Result<Box<dyn StorageBackend>>,
 }
 
 fn has_extension(path: &Path, ext: &str) -> bool {
@@ -52,17 +54,17 @@ pub const DETECTORS: &[Detector] = &[
     Detector {
         name: "gguf",
         detect: |p| has_extension(p, "gguf") || starts_with_gguf_magic(p),
-        open: |p| Ok(Box::new(GgufBackend::open(p)?)),
+        open: |p, _| Ok(Box::new(GgufBackend::open(p)?)),
     },
     Detector {
         name: "safetensors",
         detect: |p| has_extension(p, "safetensors"),
-        open: |p| Ok(Box::new(SafetensorsBackend::open(p)?)),
+        open: |p, naming| Ok(Box::new(SafetensorsBackend::open(p, naming)?)),
     },
     Detector {
         name: "mlx",
         detect: is_mlx_directory,
-        open: |p| Ok(Box::new(MlxBackend::open(p)?)),
+        open: |p, naming| Ok(Box::new(MlxBackend::open(p, naming)?)),
     },
     Detector {
         name: "safetensors",
@@ -72,18 +74,21 @@ pub const DETECTORS: &[Detector] = &[
 ];
 
 /// A Hugging Face directory: one file, or shards joined by a [`MultiBackend`].
-fn open_safetensors_directory(dir: &Path) -> Result<Box<dyn StorageBackend>> {
+fn open_safetensors_directory(dir: &Path, naming: &HfNaming) -> Result<Box<dyn StorageBackend>> {
     let shards = list_shards(dir)?;
     if shards.files.len() == 1 && shards.index_file.is_none() {
-        let family = family_from_directory(Some(dir));
         let single =
-            SafetensorsBackend::open_with(&shards.files[0], family, Some(dir.to_path_buf()))?;
+            SafetensorsBackend::open_with(&shards.files[0], naming, Some(dir.to_path_buf()))?;
         return Ok(Box::new(single));
     }
-    Ok(Box::new(MultiBackend::open_safetensors_directory(dir)?))
+    Ok(Box::new(MultiBackend::open_safetensors_directory(
+        dir, naming,
+    )?))
 }
 
 /// Open the checkpoint at `path` with the backend its layout calls for.
+/// Hugging Face tensor names whose meaning depends on the model family keep
+/// their original names ([`HfNaming::GENERIC`]; see [`open_with`]).
 ///
 /// ```no_run
 /// let backend = flatrun_format::open("model.gguf".as_ref())?;
@@ -93,6 +98,12 @@ fn open_safetensors_directory(dir: &Path) -> Result<Box<dyn StorageBackend>> {
 /// # Ok::<(), flatrun_format::FormatError>(())
 /// ```
 pub fn open(path: &Path) -> Result<Box<dyn StorageBackend>> {
+    open_with(path, &HfNaming::GENERIC)
+}
+
+/// [`open`], naming Hugging Face (SafeTensors, MLX) tensors under `naming`,
+/// the model family's rule for the names whose meaning depends on it.
+pub fn open_with(path: &Path, naming: &HfNaming) -> Result<Box<dyn StorageBackend>> {
     if !path.exists() {
         return Err(FormatError::Io {
             path: path.to_path_buf(),
@@ -101,7 +112,7 @@ pub fn open(path: &Path) -> Result<Box<dyn StorageBackend>> {
     }
     for d in DETECTORS {
         if (d.detect)(path) {
-            return (d.open)(path);
+            return (d.open)(path, naming);
         }
     }
     Err(FormatError::UnknownFormat {

@@ -15,7 +15,7 @@ use ::safetensors::{Dtype, SafeTensorError, SafeTensors};
 
 use crate::backend_support::{dedupe_canonical_names, tensor_bytes};
 use crate::mapped_file::MappedFile;
-use crate::names::{canonical_hf_name, HfFamily};
+use crate::names::{canonical_hf_name, HfNaming};
 use crate::tensor_index::TensorIndex;
 use crate::{
     DType, FormatError, GgmlType, MetaValue, Metadata, QuantDescriptor, Result, StorageBackend,
@@ -186,22 +186,14 @@ fn find_inconsistent_tensor(bytes: &[u8], header_len: u64) -> Option<String> {
     })
 }
 
-/// Rename `tensors` to canonical Hugging Face names for `family`.
-pub(crate) fn apply_hf_names(tensors: &mut [TensorInfo], family: HfFamily) {
+/// Rename `tensors` to canonical Hugging Face names under `naming`.
+pub(crate) fn apply_hf_names(tensors: &mut [TensorInfo], naming: &HfNaming) {
     for t in tensors.iter_mut() {
-        if let Some(name) = canonical_hf_name(&t.original_name, family) {
+        if let Some(name) = canonical_hf_name(&t.original_name, naming) {
             t.name = name;
         }
     }
     dedupe_canonical_names(tensors);
-}
-
-/// The naming family from `dir/config.json`, when it exists and parses.
-pub(crate) fn family_from_directory(dir: Option<&Path>) -> HfFamily {
-    dir.and_then(|d| std::fs::read(d.join("config.json")).ok())
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .map(|c| HfFamily::from_config(&c))
-        .unwrap_or_default()
 }
 
 /// One `.safetensors` file, mapped once.
@@ -216,26 +208,26 @@ pub struct SafetensorsBackend {
 }
 
 impl SafetensorsBackend {
-    /// Open a file; names follow the family of a sibling `config.json`.
-    pub fn open(path: &Path) -> Result<SafetensorsBackend> {
+    /// Open a file; the directory holding it is the side-file directory
+    /// when it has a `config.json`.
+    pub fn open(path: &Path, naming: &HfNaming) -> Result<SafetensorsBackend> {
         let directory = path
             .parent()
             .filter(|d| d.join("config.json").is_file())
             .map(Path::to_path_buf);
-        let family = family_from_directory(directory.as_deref());
-        Self::open_with(path, family, directory)
+        Self::open_with(path, naming, directory)
     }
 
-    /// Open a file with an explicit naming family and side-file directory.
+    /// Open a file with an explicit side-file directory.
     pub fn open_with(
         path: &Path,
-        family: HfFamily,
+        naming: &HfNaming,
         directory: Option<PathBuf>,
     ) -> Result<SafetensorsBackend> {
         let file = MappedFile::open(path)?;
         let header = parse_header(path, file.bytes())?;
         let mut tensors = header.tensors;
-        apply_hf_names(&mut tensors, family);
+        apply_hf_names(&mut tensors, naming);
         let index = TensorIndex::new(&tensors);
         Ok(SafetensorsBackend {
             files: vec![path.to_path_buf()],

@@ -217,7 +217,8 @@ fn mlx_config_that_is_not_json_is_not_mlx() {
     // Without a readable quantization section it is a plain HF directory.
     let b = flatrun_format::open(dir.path()).expect("plain safetensors");
     assert_eq!(b.name(), "safetensors");
-    let err = flatrun_format::MlxBackend::open(dir.path()).expect_err("error");
+    let err = flatrun_format::MlxBackend::open(dir.path(), &flatrun_format::HfNaming::GENERIC)
+        .expect_err("error");
     assert!(
         matches!(&err, FormatError::Invalid { path, .. } if path.ends_with("config.json")),
         "{err}"

@@ -7,7 +7,17 @@ mod common;
 use std::path::Path;
 
 use common::safetensors_writer::{pattern, safetensors_bytes};
-use flatrun_format::{DType, GgmlType, QuantDescriptor};
+use flatrun_format::{DType, GgmlType, HfNaming, QuantDescriptor};
+
+/// The naming a pre-norm family (Llama, Qwen) gives: `post_attention_layernorm`
+/// is the pre-FFN norm.
+const PRE_FFN: HfNaming = HfNaming {
+    layer_stems: &[("post_attention_layernorm", "ffn_norm")],
+};
+/// The naming a sandwich-norm family (Gemma) gives.
+const SANDWICH: HfNaming = HfNaming {
+    layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+};
 
 fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
@@ -47,7 +57,11 @@ fn single_file_dtypes_names_and_bytes() {
         ("extra.flags", "BOOL", vec![1], vec![1]),
     ];
     write(&path, &safetensors_bytes(&tensors, &[("format", "pt")]));
-    let b = flatrun_format::open(&path).expect("open");
+    // Without a family's naming, the family-dependent norm keeps its name.
+    let generic = flatrun_format::open(&path).expect("open");
+    assert!(generic.contains("model.layers.0.post_attention_layernorm.weight"));
+    assert!(!generic.contains("layers.0.ffn_norm"));
+    let b = flatrun_format::open_with(&path, &PRE_FFN).expect("open");
     assert_eq!(b.name(), "safetensors");
     assert_eq!(b.metadata().get_str("format"), Some("pt"));
     let expect = [
@@ -74,7 +88,7 @@ fn single_file_dtypes_names_and_bytes() {
 }
 
 #[test]
-fn directory_with_gemma_config_uses_gemma_norm_names() {
+fn directory_names_follow_the_given_naming() {
     let dir = tempfile::tempdir().unwrap();
     write(
         &dir.path().join("config.json"),
@@ -106,7 +120,7 @@ fn directory_with_gemma_config_uses_gemma_norm_names() {
         &dir.path().join("model.safetensors"),
         &safetensors_bytes(&tensors, &[]),
     );
-    let b = flatrun_format::open(dir.path()).expect("open dir");
+    let b = flatrun_format::open_with(dir.path(), &SANDWICH).expect("open dir");
     assert_eq!(b.name(), "safetensors");
     assert_eq!(b.directory(), Some(dir.path()));
     for name in [
@@ -351,7 +365,7 @@ fn sharded_mlx_directory_with_a_triple_split_across_shards() {
         index.to_string().as_bytes(),
     );
 
-    let b = flatrun_format::open(dir.path()).expect("open sharded mlx");
+    let b = flatrun_format::open_with(dir.path(), &SANDWICH).expect("open sharded mlx");
     assert_eq!(b.name(), "mlx");
     assert_eq!(b.files().len(), 2);
     let up = b.tensor("layers.0.ffn.up").unwrap();
@@ -359,6 +373,6 @@ fn sharded_mlx_directory_with_a_triple_split_across_shards() {
     assert_eq!(up.bytes(), w.as_slice());
     assert_eq!(up.part("scales"), Some(s.as_slice()));
     assert_eq!(up.part("biases"), Some(bi.as_slice()));
-    // Gemma family: post_attention_layernorm is the post-attention norm.
+    // Sandwich naming: post_attention_layernorm is the post-attention norm.
     assert!(b.contains("layers.0.post_attn_norm"));
 }

@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use criterion::{criterion_group, criterion_main, Criterion};
+use criterion::{Criterion, criterion_group, criterion_main};
 use flatrun_format::MetaValue;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 

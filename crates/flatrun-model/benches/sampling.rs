@@ -2,7 +2,7 @@
 //! logits shaped like a language model's: a broad bulk around 0 and a few
 //! dozen clearly preferred tokens.
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use flatrun_model::sampling::{Sampler, SamplingParams, Xoshiro256};
 
 fn bench(c: &mut Criterion) {

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flatrun_model::tokenizer::Tokenizer;
 
 fn one_megabyte() -> String {

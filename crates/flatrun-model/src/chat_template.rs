@@ -163,7 +163,7 @@ impl ChatTemplate {
                 return Err(TemplateError::Io {
                     path: jinja,
                     source,
-                })
+                });
             }
         }
         let config_path = dir.join("tokenizer_config.json");
@@ -177,12 +177,12 @@ impl ChatTemplate {
                 return Err(TemplateError::Io {
                     path: config_path,
                     source,
-                })
+                });
             }
         };
         match config.get("chat_template") {
             Some(serde_json::Value::String(source)) => {
-                return ChatTemplate::from_source(CUSTOM_NAME, source)
+                return ChatTemplate::from_source(CUSTOM_NAME, source);
             }
             // A list of named templates: use the one called "default".
             Some(serde_json::Value::Array(list)) => {

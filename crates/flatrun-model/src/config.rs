@@ -7,52 +7,8 @@ use crate::error::{ModelError, Result};
 use flatrun_format::{MetaValue, Metadata};
 use std::path::Path;
 
-/// The architectures this crate can run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Arch {
-    /// Llama 1/2/3, SmolLM2, and other `llama`-architecture checkpoints.
-    Llama,
-    /// Qwen2, Qwen2.5, Qwen2.5-Coder (Q/K/V biases).
-    Qwen2,
-    /// Qwen3 (per-head q/k RMS norms).
-    Qwen3,
-    /// Gemma 3 text models (sliding-window layers, sandwich norms, GELU).
-    Gemma3,
-    /// Qwen3.5: gated delta-net linear-attention layers with every Nth layer
-    /// gated full attention ([`crate::arch::qwen35`]).
-    Qwen35,
-}
-
-impl Arch {
-    /// Every supported architecture, by its GGUF name.
-    pub const SUPPORTED: &'static [&'static str] = &["llama", "qwen2", "qwen3", "gemma3", "qwen35"];
-
-    /// Parse a GGUF `general.architecture` or a Hugging Face `model_type`.
-    pub fn from_name(name: &str) -> Result<Arch> {
-        match name {
-            "llama" | "smollm" | "smollm2" | "mistral" => Ok(Arch::Llama),
-            "qwen2" => Ok(Arch::Qwen2),
-            "qwen3" => Ok(Arch::Qwen3),
-            "gemma3" | "gemma3_text" => Ok(Arch::Gemma3),
-            "qwen35" | "qwen3_5" | "qwen3_5_text" => Ok(Arch::Qwen35),
-            other => Err(ModelError::UnsupportedArch {
-                name: other.to_string(),
-                supported: Arch::SUPPORTED.to_vec(),
-            }),
-        }
-    }
-
-    /// The GGUF spelling of the architecture (the metadata key prefix).
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Qwen3 => "qwen3",
-            Arch::Gemma3 => "gemma3",
-            Arch::Qwen35 => "qwen35",
-        }
-    }
-}
+/// The family a config belongs to (a handle on its [`crate::arch::Architecture`]).
+pub use crate::arch::Arch;
 
 // RoPE layout and context scaling are the kernels' own types, so a config
 // feeds `ops::rope` without translation.
@@ -159,7 +115,7 @@ impl ModelConfig {
             md,
             arch: arch_name,
         };
-        crate::arch::config_from_gguf(arch, &keys)
+        arch.config_from_gguf(&keys)
     }
 
     /// Read the hyperparameters from a Hugging Face `config.json` (also MLX
@@ -179,23 +135,29 @@ impl ModelConfig {
 
     /// Read the hyperparameters from a parsed `config.json`.
     pub fn from_hf_json(json: &serde_json::Value) -> Result<ModelConfig> {
-        // Multimodal Gemma 3 configs nest the text model under `text_config`.
-        let text = json.get("text_config").unwrap_or(json);
-        let model_type = text
-            .get("model_type")
-            .or_else(|| json.get("model_type"))
-            .and_then(|v| v.as_str())
-            .ok_or(ModelError::MissingKey {
-                arch: "?".into(),
-                key: "model_type".into(),
-            })?;
+        let (text, model_type) = hf_model_type(json)?;
         let arch = Arch::from_name(model_type)?;
         let keys = HfKeys {
             json: text,
             arch: model_type,
         };
-        crate::arch::config_from_hf(arch, &keys)
+        arch.config_from_hf(&keys)
     }
+}
+
+/// The text model's part of a `config.json` and its `model_type`
+/// (multimodal Gemma 3 configs nest the text model under `text_config`).
+pub(crate) fn hf_model_type(json: &serde_json::Value) -> Result<(&serde_json::Value, &str)> {
+    let text = json.get("text_config").unwrap_or(json);
+    let model_type = text
+        .get("model_type")
+        .or_else(|| json.get("model_type"))
+        .and_then(|v| v.as_str())
+        .ok_or(ModelError::MissingKey {
+            arch: "?".into(),
+            key: "model_type".into(),
+        })?;
+    Ok((text, model_type))
 }
 
 /// Typed access to GGUF hyperparameters `{arch}.{key}`; errors name the key.

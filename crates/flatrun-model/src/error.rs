@@ -21,6 +21,9 @@ pub enum ModelError {
     /// A tensor the architecture needs is absent from the checkpoint.
     #[error("architecture `{arch}` needs tensor `{tensor}`, which the checkpoint lacks")]
     MissingTensor { arch: String, tensor: String },
+    /// A running layer asked for a tensor its weights do not hold.
+    #[error("layer {layer} has no tensor `{tensor}`")]
+    MissingLayerTensor { layer: usize, tensor: &'static str },
     /// A tensor exists but has the wrong shape.
     #[error("tensor `{tensor}` has shape {shape:?}, expected {expected}")]
     BadShape {
@@ -32,7 +35,9 @@ pub enum ModelError {
     #[error("{path}: {what}")]
     ConfigFile { path: PathBuf, what: String },
     /// The key/value cache of a layer has no room for the new positions.
-    #[error("KV cache of layer {layer} is full: capacity {capacity} tokens, position {position} requested")]
+    #[error(
+        "KV cache of layer {layer} is full: capacity {capacity} tokens, position {position} requested"
+    )]
     KvFull {
         layer: usize,
         capacity: usize,
@@ -45,6 +50,12 @@ pub enum ModelError {
         op: &'static str,
         what: String,
     },
+    /// The tokenizer could not be built.
+    #[error(transparent)]
+    Tokenizer(#[from] crate::tokenizer::TokenizerError),
+    /// The chat template could not be built.
+    #[error(transparent)]
+    ChatTemplate(#[from] crate::chat_template::TemplateError),
     /// Storage errors surfaced while reading a tensor.
     #[error(transparent)]
     Format(#[from] flatrun_format::FormatError),

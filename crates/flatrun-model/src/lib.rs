@@ -1,16 +1,17 @@
 //! Model definitions for Flatrun: hyperparameters, architectures, the layer
 //! manifest, tokenizers, chat templates and sampling.
 
-// Runtime engineer's modules.
 pub mod arch;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod manifest;
+pub use arch::{Architecture, Role, architecture};
+pub use checkpoint::Checkpoint;
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use manifest::Manifest;
 
-// Tokenizer engineer's modules.
 pub mod chat_template;
 pub mod sampling;
 pub mod tokenizer;

@@ -3,7 +3,7 @@
 //! backend's tensor table, so the same code serves GGUF, SafeTensors and MLX;
 //! the runtime's scheduler walks it to acquire, prefetch and release weights.
 
-use crate::arch::layer_tensor_rules;
+use crate::arch::{Need, Role, parse_layer_tensor};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use flatrun_format::TensorInfo;
@@ -18,6 +18,13 @@ pub struct TensorEntry {
     pub shape: Vec<usize>,
     /// Bytes of its data (main array plus MLX scales/biases when known).
     pub bytes: u64,
+}
+
+impl TensorEntry {
+    /// The role of a per-layer tensor (`None` for the model's other tensors).
+    pub fn role(&self) -> Option<Role> {
+        parse_layer_tensor(&self.name).map(|(_, role)| role)
+    }
 }
 
 /// The tensors of one decoder layer.
@@ -47,26 +54,13 @@ pub struct Manifest {
 }
 
 /// Canonical name of a per-layer tensor: `layers.{i}.{role}`.
-pub fn layer_tensor(layer: usize, role: &str) -> String {
-    format!("layers.{layer}.{role}")
-}
-
-/// Per-layer roles every architecture has.
-pub const BASE_ROLES: &[&str] = &[
-    "attn_norm",
-    "attn.q",
-    "attn.k",
-    "attn.v",
-    "attn.o",
-    "ffn_norm",
-    "ffn.gate",
-    "ffn.up",
-    "ffn.down",
-];
+pub use crate::arch::layer_tensor;
 
 impl Manifest {
     /// Build the manifest of `cfg` over a backend's tensor table, checking that
     /// every tensor the architecture needs is present with a plausible shape.
+    /// Each layer lists its tensors in the order of
+    /// [`crate::arch::Architecture::layer_roles`].
     pub fn build(cfg: &ModelConfig, tensors: &[TensorInfo]) -> Result<Manifest> {
         let by_name: HashMap<&str, &TensorInfo> =
             tensors.iter().map(|t| (t.name.as_str(), t)).collect();
@@ -93,34 +87,15 @@ impl Manifest {
         check_matrix(&embed, cfg.n_embd)?;
         check_matrix(&output, cfg.n_embd)?;
 
-        let rules = layer_tensor_rules(cfg.arch);
-        let mut roles: Vec<&str> = BASE_ROLES.to_vec();
-        if rules.qkv_bias {
-            roles.extend(["attn.q.bias", "attn.k.bias", "attn.v.bias"]);
-        }
-        if rules.qk_norm {
-            roles.extend(["attn.q_norm", "attn.k_norm"]);
-        }
-        if rules.sandwich_norms {
-            roles.extend(["post_attn_norm", "post_ffn_norm"]);
-        }
-        // Tensors some checkpoints of a family carry and the decoder honours.
-        let optional_roles = ["attn.o.bias"];
-
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for index in 0..cfg.n_layer {
-            // Hybrid stacks (Qwen3.5) have two kinds of layer.
-            let roles: &[&str] = match cfg.arch {
-                crate::config::Arch::Qwen35 => crate::arch::qwen35::layer_roles(cfg, index),
-                _ => &roles,
-            };
+            let roles = cfg.arch.layer_roles(cfg, index);
             let mut tensors = Vec::with_capacity(roles.len());
-            for role in roles {
-                tensors.push(require(&layer_tensor(index, role))?);
-            }
-            for role in optional_roles {
-                if let Some(t) = entry(&layer_tensor(index, role)) {
-                    tensors.push(t);
+            for (role, need) in roles {
+                let name = layer_tensor(index, role);
+                match need {
+                    Need::Required => tensors.push(require(&name)?),
+                    Need::Optional => tensors.extend(entry(&name)),
                 }
             }
             let bytes = tensors.iter().map(|t| t.bytes).sum();

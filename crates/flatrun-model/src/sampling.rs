@@ -311,7 +311,7 @@ impl Sampler {
         let threshold = thresholds
             .iter()
             .zip(&counts)
-            .find(|(_, &count)| count >= k)
+            .find(|&(_, &count)| count >= k)
             .map(|(&t, _)| t)
             .unwrap_or(f32::NEG_INFINITY);
         weights::collect_at_or_above(logits, threshold, &mut self.candidates);

@@ -129,7 +129,9 @@ fn fallbacks_by_architecture() {
     let llama3 = ChatTemplate::builtin_for_arch("llama3", false);
     assert_eq!(llama3.name(), "Llama 3");
     assert_eq!(
-        llama3.render(&conv[1..2], true, "<|begin_of_text|>", "").unwrap(),
+        llama3
+            .render(&conv[1..2], true, "<|begin_of_text|>", "")
+            .unwrap(),
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     );
     let llama2 = ChatTemplate::builtin_for_arch("llama", false);
@@ -264,7 +266,9 @@ fn hostile_string_doubling_is_stopped() {
     expect_size_limit(&doubling);
     // Repetition, sequences and inflating filters and methods.
     expect_size_limit("{% set s = 'x' * 3000000 %}{{ (s * 2)|length }}");
-    expect_size_limit("{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}");
+    expect_size_limit(
+        "{% set ns = namespace(l=[1]) %}{% for i in range(64) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l|length }}",
+    );
     expect_size_limit("{{ ([1] * 100000000)|length }}");
     expect_size_limit("{% set s = 'x' * 1000 %}{{ (s|replace('x', s))|replace('x', s)|length }}");
     expect_size_limit("{% set s = 'x' * 1000 %}{{ s.replace('x', s).replace('x', s)|length }}");

@@ -2,7 +2,7 @@
 //! unknown architectures, and the real models' GGUF metadata.
 
 use flatrun_model::config::{Activation, RopeLayout, RopeScaling};
-use flatrun_model::{Arch, Manifest, ModelConfig, ModelError};
+use flatrun_model::{Manifest, ModelConfig, ModelError};
 use std::path::PathBuf;
 
 #[test]
@@ -13,6 +13,76 @@ fn unknown_architecture_names_it_and_lists_supported() {
     assert!(msg.contains("`mamba`"), "{msg}");
     for arch in ["llama", "qwen2", "qwen3", "gemma3"] {
         assert!(msg.contains(arch), "{msg}");
+    }
+}
+
+#[test]
+fn registry_maps_names_and_aliases_to_families() {
+    for (name, family) in [
+        ("llama", "llama"),
+        ("smollm2", "llama"),
+        ("mistral", "llama"),
+        ("qwen2", "qwen2"),
+        ("qwen3", "qwen3"),
+        ("gemma3_text", "gemma3"),
+        ("qwen3_5", "qwen35"),
+    ] {
+        let arch = flatrun_model::architecture(name).unwrap();
+        assert_eq!(arch.name(), family, "{name}");
+    }
+    assert!(flatrun_model::architecture("mamba").is_err());
+}
+
+#[test]
+fn manifest_lists_each_layers_roles_in_multiplication_order() {
+    use flatrun_format::{DType, GgmlType, QuantDescriptor, TensorInfo};
+    use flatrun_model::arch::{Role, layer_tensor};
+    let json = serde_json::json!({
+        "model_type": "qwen2", "num_hidden_layers": 1, "hidden_size": 8, "intermediate_size": 16,
+        "num_attention_heads": 2, "num_key_value_heads": 1
+    });
+    let cfg = ModelConfig::from_hf_json(&json).unwrap();
+    let info = |name: String| TensorInfo {
+        original_name: name.clone(),
+        name,
+        shape: vec![8, 8],
+        dtype: DType::Ggml(GgmlType::F32),
+        quant: QuantDescriptor::None,
+        byte_size: 256,
+        offset: 0,
+        file_index: 0,
+    };
+    let roles = [
+        Role::AttnNorm,
+        Role::AttnQ,
+        Role::AttnK,
+        Role::AttnV,
+        Role::AttnO,
+        Role::FfnNorm,
+        Role::FfnGate,
+        Role::FfnUp,
+        Role::FfnDown,
+        Role::AttnQBias,
+        Role::AttnKBias,
+        Role::AttnVBias,
+    ];
+    let mut tensors: Vec<TensorInfo> = ["embed", "output_norm"]
+        .iter()
+        .map(|n| info(n.to_string()))
+        .collect();
+    tensors.extend(roles.iter().map(|&r| info(layer_tensor(0, r))));
+    let manifest = Manifest::build(&cfg, &tensors).unwrap();
+    let listed: Vec<Role> = manifest.layers[0]
+        .tensors
+        .iter()
+        .map(|t| t.role().unwrap())
+        .collect();
+    assert_eq!(listed, roles);
+    // Qwen2's biases are required.
+    tensors.retain(|t| t.name != "layers.0.attn.k.bias");
+    match Manifest::build(&cfg, &tensors) {
+        Err(ModelError::MissingTensor { tensor, .. }) => assert_eq!(tensor, "layers.0.attn.k.bias"),
+        other => panic!("expected a missing tensor, got {other:?}"),
     }
 }
 
@@ -36,7 +106,7 @@ fn hf_llama3_config() {
                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 }
     });
     let cfg = ModelConfig::from_hf_json(&json).unwrap();
-    assert_eq!(cfg.arch, Arch::Llama);
+    assert_eq!(cfg.arch, "llama");
     assert_eq!((cfg.n_head, cfg.n_kv_head, cfg.head_dim), (32, 8, 64));
     assert_eq!(
         cfg.rope_layout,
@@ -57,7 +127,7 @@ fn hf_gemma3_config_has_offset_window_and_local_base() {
         "query_pre_attn_scalar": 256, "max_position_embeddings": 32768
     });
     let cfg = ModelConfig::from_hf_json(&json).unwrap();
-    assert_eq!(cfg.arch, Arch::Gemma3);
+    assert_eq!(cfg.arch, "gemma3");
     assert_eq!(cfg.norm_weight_offset, 1.0);
     assert_eq!(cfg.activation, Activation::GeluTanh);
     assert_eq!(cfg.sliding_window, Some(512));
@@ -91,7 +161,7 @@ fn real_models_configs_and_manifests() {
     let cases = [
         (
             "SmolLM2-135M-Instruct.Q4_1.gguf",
-            Arch::Llama,
+            "llama",
             30,
             576,
             9,
@@ -103,7 +173,7 @@ fn real_models_configs_and_manifests() {
         ),
         (
             "gemma-3-270m-q4_k_m.gguf",
-            Arch::Gemma3,
+            "gemma3",
             18,
             640,
             4,
@@ -115,7 +185,7 @@ fn real_models_configs_and_manifests() {
         ),
         (
             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-            Arch::Qwen2,
+            "qwen2",
             24,
             896,
             14,
@@ -153,11 +223,13 @@ fn real_models_configs_and_manifests() {
         assert_eq!(manifest.output_tied, tied, "{file}");
         assert!(manifest.largest_layer_bytes() > 0);
         assert!(manifest.total_bytes() <= std::fs::metadata(&path).unwrap().len());
-        if arch == Arch::Qwen2 {
-            assert!(manifest.layers[0]
-                .tensors
-                .iter()
-                .any(|t| t.name == "layers.0.attn.q.bias"));
+        if arch == "qwen2" {
+            assert!(
+                manifest.layers[0]
+                    .tensors
+                    .iter()
+                    .any(|t| t.name == "layers.0.attn.q.bias")
+            );
         }
     }
 }

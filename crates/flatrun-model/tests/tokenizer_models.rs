@@ -191,8 +191,9 @@ fn real_models_metadata() {
         let tok = load(&path);
         assert_eq!(tok.kind(), "gpt2 BPE (smollm)");
         assert_eq!(tok.vocab_size(), 49152);
-        assert!(tok
-            .stop_ids()
-            .contains(&tok.token_id("<|im_end|>").expect("<|im_end|>")));
+        assert!(
+            tok.stop_ids()
+                .contains(&tok.token_id("<|im_end|>").expect("<|im_end|>"))
+        );
     }
 }

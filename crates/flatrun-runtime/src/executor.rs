@@ -12,10 +12,9 @@
 //! ```
 
 use crate::error::{Result, RuntimeError};
-use crate::hybrid_layers::HybridLayers;
 use crate::kv_cache::KvCache;
 use crate::layer_range::LayerSelection;
-use crate::layer_vectors::LayerVectorStore;
+use crate::layer_vectors::{LayerVectorStore, LayerView};
 use crate::memory;
 use crate::options::{KvType, LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
@@ -27,12 +26,10 @@ use crate::weights::{CachePolicy, LayerLayout, Lease, WeightEngine, WeightPlan};
 use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{ops, Kernels, Weight};
-use flatrun_model::arch::qwen35::{HybridSegment, LayerMemory};
 use flatrun_model::arch::{
-    forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights,
+    layer_tensor, LayerKv, LayerMemory, LayerPlan, LayerScratch, MemoryKind, Segment,
 };
-use flatrun_model::manifest::layer_tensor;
-use flatrun_model::{Arch, Manifest, ModelConfig};
+use flatrun_model::{Manifest, ModelConfig, Role};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -113,10 +110,20 @@ pub struct StepOutput {
     pub hidden: Option<Vec<f32>>,
 }
 
-/// The matrix roles of a layer, in the order [`LayerWeights`] takes them.
-const MATRIX_ROLES: [&str; 7] = [
-    "attn.q", "attn.k", "attn.v", "attn.o", "ffn.gate", "ffn.up", "ffn.down",
-];
+/// The matrices of each manifest layer (role, canonical name), in the
+/// order the layer multiplies them.
+fn layer_matrices(manifest: &Manifest) -> Vec<Vec<(Role, String)>> {
+    manifest
+        .layers
+        .iter()
+        .map(|l| {
+            l.tensors
+                .iter()
+                .filter_map(|t| Some((t.role().filter(|r| r.is_matrix())?, t.name.clone())))
+                .collect()
+        })
+        .collect()
+}
 
 /// The buffers of a step, kept from step to step so that a decode step
 /// allocates nothing large (each grows to the largest step seen).
@@ -154,11 +161,12 @@ pub struct StreamingExecutor {
     /// Unless everything is kept: per backend file, the page-aligned span of
     /// its tensors in the mapping (where pages may be released in blocks).
     mapped_bounds: Vec<Range<usize>>,
-    /// Canonical names of each layer's matrices, in [`MATRIX_ROLES`] order.
-    matrix_names: Vec<[String; 7]>,
+    /// Each layer's matrices (role, canonical name), in the order it
+    /// multiplies them.
+    matrix_names: Vec<Vec<(Role, String)>>,
     /// Buffers of a step (ids, positions, activations, logits), reused.
     buffers: StepBuffers,
-    scratch: DecoderScratch,
+    scratch: LayerScratch,
     ctx: usize,
     kv_type: KvType,
     max_batch: usize,
@@ -166,9 +174,6 @@ pub struct StreamingExecutor {
     selection: LayerSelection,
     /// Dequantized matrices of the resident layers (`--weights f16|f32`).
     dense: DenseLayers,
-    /// The layers of a hybrid stack (Qwen3.5), which run instead of the
-    /// uniform decoder layers.
-    hybrid: Option<HybridLayers>,
     /// Timings and memory samples.
     pub profiler: Profiler,
 }
@@ -270,19 +275,14 @@ impl StreamingExecutor {
     ) -> Result<StreamingExecutor> {
         let b = backend.as_ref();
         let k = kernels.as_ref();
-        // Hybrid stacks keep their own per-layer vectors.
-        let hybrid = match cfg.arch {
-            Arch::Qwen35 => Some(HybridLayers::load(b, k, &cfg)?),
-            _ => None,
-        };
-        let n_uniform = if hybrid.is_some() { 0 } else { cfg.n_layer };
+        let matrix_names = layer_matrices(&manifest);
         let output_norm = read_vector(b, k, &manifest.output_norm.name)?;
         let freq_factors = match &manifest.rope_freqs {
             Some(t) => Some(read_vector(b, k, &t.name)?),
             None => None,
         };
         let plans = (0..cfg.n_layer)
-            .map(|i| LayerPlan::new(&cfg, i, freq_factors.as_deref()))
+            .map(|i| cfg.arch.layer_plan(&cfg, i, freq_factors.as_deref()))
             .collect();
         let read_depth = match opts.prefetch {
             Prefetch::Ahead { depth } => depth,
@@ -302,18 +302,7 @@ impl StreamingExecutor {
             }
             None => LayerSelection::all(cfg.n_layer),
         };
-        let dense = DenseLayers::build(
-            opts.weights,
-            b,
-            k,
-            cfg.n_layer,
-            &MATRIX_ROLES,
-            &residency,
-            &selection,
-        )?;
-        let matrix_names: Vec<[String; 7]> = (0..cfg.n_layer)
-            .map(|il| MATRIX_ROLES.map(|role| layer_tensor(il, role)))
-            .collect();
+        let dense = DenseLayers::build(opts.weights, b, k, &matrix_names, &residency, &selection)?;
         // The weight plan: which layers are kept, how the others are
         // streamed (whole, or in row chunks of a fixed byte budget), and
         // which rows of the head are kept.
@@ -337,12 +326,12 @@ impl StreamingExecutor {
         let weights = WeightPlan::build(&PlanInput {
             backend: b,
             manifest: &manifest,
-            skipped: &|il| hybrid.is_some() || !selection.runs(il) || dense.layer(il).is_some(),
+            skipped: &|il| !selection.runs(il) || dense.layer(il).is_some(),
             kept: &|il| residency.is_resident(il),
             is_matrix: &|info| {
                 matrix_names
                     .get(info_layer(info))
-                    .is_some_and(|names| names.iter().any(|n| *n == info.name))
+                    .is_some_and(|names| names.iter().any(|(_, n)| *n == info.name))
             },
             layers: granularity,
             head_kept_rows,
@@ -351,7 +340,7 @@ impl StreamingExecutor {
         let policy = read_policy(opts, &residency, weights.streamed_bytes());
         // The layers' norms and biases: kept as f32 copies, except those of
         // chunked layers, read again whenever the layer runs.
-        let vectors = LayerVectorStore::load(b, k, &manifest, n_uniform, |il| {
+        let vectors = LayerVectorStore::load(b, k, &manifest, cfg.n_layer, |il| {
             !matches!(weights.layers.get(il), Some(LayerLayout::Chunked { .. }))
         })?;
         // Unless everything is kept, drop what loading mapped (the norms and
@@ -379,7 +368,7 @@ impl StreamingExecutor {
             .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
         let max_batch = opts.max_batch.max(1);
         Ok(StreamingExecutor {
-            scratch: DecoderScratch::new(&cfg, 1),
+            scratch: LayerScratch::new(&cfg, 1),
             profiler: Profiler::new(cfg.n_layer, opts.profile, opts.trace_memory),
             backend,
             cfg,
@@ -399,7 +388,6 @@ impl StreamingExecutor {
             max_batch,
             selection,
             dense,
-            hybrid,
         })
     }
 
@@ -605,50 +593,13 @@ impl StreamingExecutor {
             if !self.selection.runs(il) {
                 continue;
             }
-            // Hybrid stacks (Qwen3.5): a gated delta-net or gated attention
-            // layer over each sequence's recurrent state or KV cache.
-            if let Some(hybrid) = self.hybrid.as_mut() {
-                let mut segments: Vec<HybridSegment> = Vec::with_capacity(pieces.len());
-                for (s, (seq, _)) in batch.iter_mut().enumerate() {
-                    let Some(k) = pieces.iter().position(|(ps, _)| *ps == s) else {
-                        continue;
-                    };
-                    let memory = if self.cfg.is_recurrent(il) {
-                        seq.recurrent.layer_mut(il).map(LayerMemory::Recurrent)
-                    } else {
-                        seq.kv
-                            .layer_mut(il)
-                            .map(|kv| LayerMemory::Kv(kv as &mut dyn LayerKv))
-                    };
-                    if let Some(memory) = memory {
-                        segments.push(HybridSegment {
-                            tokens: rows[k].clone(),
-                            memory,
-                        });
-                    }
-                }
-                hybrid.run_layer(
-                    il,
-                    &self.cfg,
-                    backend.as_ref(),
-                    self.kernels.as_ref(),
-                    &self.residency,
-                    hidden,
-                    positions,
-                    &mut segments,
-                    &mut self.profiler,
-                )?;
-                drop(segments);
-                self.profiler.sample_memory(il);
-                continue;
-            }
             // Acquire: a kept layer is faulted in once, a streamed one read
             // whole (or, chunked, row chunk by row chunk in its matmuls).
             let t_io = Instant::now();
             let dense = self.dense.layer(il);
             let layout = &self.weights.layers[il];
             let fetch_error = |what: crate::weights::FetchError| RuntimeError::StreamRead {
-                tensor: layer_tensor(il, "*"),
+                tensor: format!("layers.{il}.*"),
                 what: what.0,
             };
             let (whole, vector_lease) = match layout {
@@ -665,9 +616,9 @@ impl StreamingExecutor {
                 ),
                 LayerLayout::Skipped => (None, None),
             };
-            let mut handles = Vec::with_capacity(MATRIX_ROLES.len());
+            let mut handles = Vec::with_capacity(self.matrix_names[il].len());
             if dense.is_none() {
-                for name in &self.matrix_names[il] {
+                for (_, name) in &self.matrix_names[il] {
                     let h = open(backend.as_ref(), name)?;
                     handles.push(match &whole {
                         Some(lease) => leased(backend.as_ref(), &h, lease)?,
@@ -678,20 +629,24 @@ impl StreamingExecutor {
             self.profiler.record_io_wait(il, t_io.elapsed());
             self.profiler
                 .record_bytes_acquired(il, handles.iter().map(|h| h.bytes().len() as u64).sum());
-            let matrices = match dense {
-                Some(dense) => dense
-                    .iter()
-                    .map(|m| {
-                        m.weight().map_err(|source| RuntimeError::Kernel {
-                            tensor: layer_tensor(il, "dense"),
+            let roles = self.matrix_names[il].iter().map(|(role, _)| *role);
+            let matrices: Vec<(Role, Weight)> = match dense {
+                Some(dense) => roles
+                    .zip(dense)
+                    .map(|(role, m)| {
+                        let w = m.weight().map_err(|source| RuntimeError::Kernel {
+                            tensor: layer_tensor(il, role),
                             source,
-                        })
+                        })?;
+                        Ok((role, w))
                     })
-                    .collect::<Result<Vec<_>>>()?,
-                None => handles.iter().map(weight).collect::<Result<Vec<_>>>()?,
+                    .collect::<Result<_>>()?,
+                None => roles
+                    .zip(&handles)
+                    .map(|(role, h)| Ok((role, weight(h)?)))
+                    .collect::<Result<_>>()?,
             };
-
-            let v = self.vectors.get(
+            let vectors = self.vectors.get(
                 backend.as_ref(),
                 self.kernels.as_ref(),
                 &self.manifest,
@@ -700,35 +655,31 @@ impl StreamingExecutor {
             )?;
             // Converted: the buffer goes back for the layer's chunks.
             drop(vector_lease);
-            let weights = LayerWeights {
-                attn_norm: &v.attn_norm,
-                q: matrices[0],
-                k: matrices[1],
-                v: matrices[2],
-                o: matrices[3],
-                q_bias: v.q_bias.as_deref(),
-                k_bias: v.k_bias.as_deref(),
-                v_bias: v.v_bias.as_deref(),
-                o_bias: v.o_bias.as_deref(),
-                q_norm: v.q_norm.as_deref(),
-                k_norm: v.k_norm.as_deref(),
-                post_attn_norm: v.post_attn_norm.as_deref(),
-                ffn_norm: &v.ffn_norm,
-                gate: matrices[4],
-                up: matrices[5],
-                down: matrices[6],
-                post_ffn_norm: v.post_ffn_norm.as_deref(),
+            let tensors = LayerView {
+                matrices: &matrices,
+                vectors,
             };
-            // Each sequence attends through its own cache of this layer.
-            let mut segments: Vec<AttentionSegment> = Vec::with_capacity(pieces.len());
+            // Each sequence runs through its own memory of this layer: a KV
+            // cache, or a recurrent state.
+            let memory = self.cfg.arch.layer_memory(&self.cfg, il);
+            let mut segments: Vec<Segment> = Vec::with_capacity(pieces.len());
             for (s, (seq, _)) in batch.iter_mut().enumerate() {
                 let Some(k) = pieces.iter().position(|(ps, _)| *ps == s) else {
                     continue;
                 };
-                if let Some(kv) = seq.kv.layer_mut(il) {
-                    segments.push(AttentionSegment {
+                let memory = match memory {
+                    MemoryKind::Kv => seq
+                        .kv
+                        .layer_mut(il)
+                        .map(|kv| LayerMemory::Kv(kv as &mut dyn LayerKv)),
+                    MemoryKind::Recurrent => {
+                        seq.recurrent.layer_mut(il).map(LayerMemory::Recurrent)
+                    }
+                };
+                if let Some(memory) = memory {
+                    segments.push(Segment {
                         tokens: rows[k].clone(),
-                        kv: kv as &mut dyn LayerKv,
+                        memory,
                     });
                 }
             }
@@ -745,10 +696,10 @@ impl StreamingExecutor {
                 None => self.kernels.as_ref(),
             };
             // Run the layer for every token of the step.
-            forward_layer(
+            self.cfg.arch.forward_layer(
                 &self.cfg,
                 &self.plans[il],
-                &weights,
+                &tensors,
                 hidden,
                 positions,
                 &mut segments,

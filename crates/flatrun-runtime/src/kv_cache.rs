@@ -5,7 +5,7 @@
 
 use crate::options::KvType;
 use flatrun_kernels::ops::KvSlice;
-use flatrun_model::arch::LayerKv;
+use flatrun_model::arch::{LayerKv, MemoryKind};
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
 
@@ -211,7 +211,7 @@ impl KvCache {
         let layers = (0..cfg.n_layer)
             .map(|il| match cfg.window(il) {
                 // Recurrent (delta-net) layers of a hybrid stack keep no KV.
-                _ if cfg.is_recurrent(il) => {
+                _ if cfg.arch.layer_memory(cfg, il) == MemoryKind::Recurrent => {
                     LayerKvCache::new(il, cfg.kv_dim(), 0, false, ctx, kind)
                 }
                 Some(w) if w + max_batch < ctx => {

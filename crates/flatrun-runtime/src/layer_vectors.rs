@@ -1,103 +1,104 @@
-//! The small per-layer vectors (norm weights, biases, q/k norms) as f32.
+//! The small per-layer tensors (norm weights, biases, q/k norms, Qwen3.5's
+//! conv kernels and decay constants) as f32, and the view a running layer
+//! gets of its weights ([`LayerView`]).
 //!
 //! A layer whose matrices stay where they are (resident, kept by a cap, or
-//! read whole by the cap's stream reader) keeps f32 copies of its vectors for
-//! the whole run. A layer streamed in chunks (`Stream` residency) keeps
-//! nothing: its vectors arrive with each run as one streamed item of the
-//! weight engine and are converted into one reused set of buffers, so stream
-//! mode holds one layer's vectors rather than every layer's (36 layers × 2
-//! norms × 3072 floats = 0.8 MiB at 4B) and maps nothing of the file for them.
+//! streamed whole by a cap) keeps f32 copies of its vectors for the whole run.
+//! A layer streamed in chunks (`Stream` residency) keeps nothing: its vectors
+//! arrive with each run as one streamed item of the weight engine and are
+//! converted into one reused set of buffers, so stream mode holds one layer's
+//! vectors rather than every layer's (36 layers × 2 norms × 3072 floats =
+//! 0.8 MiB at 4B) and maps nothing of the file for them.
 
 use crate::error::{Result, RuntimeError};
 use crate::memory;
 use crate::weights::Lease;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{Kernels, Weight};
-use flatrun_model::manifest::layer_tensor;
-use flatrun_model::Manifest;
+use flatrun_model::arch::layer_tensor;
+use flatrun_model::arch::LayerTensors;
+use flatrun_model::{Manifest, Role};
 
-/// f32 copies of one layer's small vectors (norms, biases).
+/// f32 copies of one layer's small tensors, by role.
 #[derive(Debug, Default)]
 pub(crate) struct LayerVectors {
-    pub attn_norm: Vec<f32>,
-    pub ffn_norm: Vec<f32>,
-    pub q_bias: Option<Vec<f32>>,
-    pub k_bias: Option<Vec<f32>>,
-    pub v_bias: Option<Vec<f32>>,
-    pub o_bias: Option<Vec<f32>>,
-    pub q_norm: Option<Vec<f32>>,
-    pub k_norm: Option<Vec<f32>>,
-    pub post_attn_norm: Option<Vec<f32>>,
-    pub post_ffn_norm: Option<Vec<f32>>,
+    /// Indexed by `role as usize`; `None` where the layer has no such vector.
+    values: Vec<Option<Vec<f32>>>,
 }
-
-/// The optional vectors, by role, and where [`LayerVectors`] keeps each.
-const OPTIONAL_ROLES: [&str; 8] = [
-    "attn.q.bias",
-    "attn.k.bias",
-    "attn.v.bias",
-    "attn.o.bias",
-    "attn.q_norm",
-    "attn.k_norm",
-    "post_attn_norm",
-    "post_ffn_norm",
-];
 
 impl LayerVectors {
-    fn optional_mut(&mut self, role: &str) -> Option<&mut Option<Vec<f32>>> {
-        Some(match role {
-            "attn.q.bias" => &mut self.q_bias,
-            "attn.k.bias" => &mut self.k_bias,
-            "attn.v.bias" => &mut self.v_bias,
-            "attn.o.bias" => &mut self.o_bias,
-            "attn.q_norm" => &mut self.q_norm,
-            "attn.k_norm" => &mut self.k_norm,
-            "post_attn_norm" => &mut self.post_attn_norm,
-            "post_ffn_norm" => &mut self.post_ffn_norm,
-            _ => return None,
-        })
+    /// The vector `role`, if the layer has it.
+    pub fn get(&self, role: Role) -> Option<&[f32]> {
+        self.values.get(role as usize)?.as_deref()
     }
 }
 
-/// Converts vectors to f32: from a streamed item's bytes when the layer is
-/// streamed, else through the mapping (whose pages are dropped again).
-struct VectorReader;
+/// What a running layer sees of its weights: its matrices (from the mapping,
+/// a read buffer or a dense copy) and its vectors.
+pub(crate) struct LayerView<'a> {
+    pub matrices: &'a [(Role, Weight<'a>)],
+    pub vectors: &'a LayerVectors,
+}
 
-impl VectorReader {
-    /// `out = name` as f32, reusing `out`'s allocation.
-    fn read(
-        backend: &dyn StorageBackend,
-        kernels: &dyn Kernels,
-        name: &str,
-        streamed: Option<&Lease>,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        let kernel_error = |source| RuntimeError::Kernel {
-            tensor: name.to_string(),
-            source,
-        };
-        let h = backend.tensor(name)?;
-        let info = h.info();
-        if let Some(lease) = streamed {
-            let bytes = lease
-                .bytes(info.file_index, info.offset, h.bytes().len() as u64)
-                .ok_or_else(|| RuntimeError::StreamRead {
-                    tensor: name.to_string(),
-                    what: "not in the layer's streamed vectors".into(),
-                })?;
-            let read = TensorHandle::new(info, bytes, Vec::new());
-            let w = Weight::from_handle(&read).map_err(kernel_error)?;
-            out.resize(w.rows * w.cols, 0.0); // every value is overwritten
-            return kernels
-                .dequantize_rows(&w, 0..w.rows, out)
-                .map_err(kernel_error);
-        }
-        let w = Weight::from_handle(&h).map_err(kernel_error)?;
-        out.resize(w.rows * w.cols, 0.0);
-        let result = kernels.dequantize_rows(&w, 0..w.rows, out);
-        memory::release(h.bytes());
-        result.map_err(kernel_error)
+impl LayerTensors for LayerView<'_> {
+    fn matrix(&self, role: Role) -> Option<Weight<'_>> {
+        self.matrices
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|&(_, w)| w)
     }
+    fn vector(&self, role: Role) -> Option<&[f32]> {
+        self.vectors.get(role)
+    }
+}
+
+/// The vector tensors of a manifest layer: (role, canonical name).
+fn vector_tensors(manifest: &Manifest, il: usize) -> impl Iterator<Item = (Role, &str)> {
+    manifest
+        .layers
+        .get(il)
+        .into_iter()
+        .flat_map(|l| l.tensors.iter())
+        .filter_map(|t| {
+            let role = t.role()?;
+            (!role.is_matrix()).then_some((role, t.name.as_str()))
+        })
+}
+
+/// Converts a vector to f32: from a streamed item's bytes when the layer is
+/// streamed, else through the mapping (whose pages are dropped again).
+fn read_vector(
+    backend: &dyn StorageBackend,
+    kernels: &dyn Kernels,
+    name: &str,
+    streamed: Option<&Lease>,
+    out: &mut Vec<f32>,
+) -> Result<()> {
+    let kernel_error = |source| RuntimeError::Kernel {
+        tensor: name.to_string(),
+        source,
+    };
+    let h = backend.tensor(name)?;
+    let info = h.info();
+    if let Some(lease) = streamed {
+        let bytes = lease
+            .bytes(info.file_index, info.offset, h.bytes().len() as u64)
+            .ok_or_else(|| RuntimeError::StreamRead {
+                tensor: name.to_string(),
+                what: "not in the layer's streamed vectors".into(),
+            })?;
+        let read = TensorHandle::new(info, bytes, Vec::new());
+        let w = Weight::from_handle(&read).map_err(kernel_error)?;
+        out.resize(w.rows * w.cols, 0.0); // every value is overwritten
+        return kernels
+            .dequantize_rows(&w, 0..w.rows, out)
+            .map_err(kernel_error);
+    }
+    let w = Weight::from_handle(&h).map_err(kernel_error)?;
+    out.resize(w.rows * w.cols, 0.0);
+    let result = kernels.dequantize_rows(&w, 0..w.rows, out);
+    memory::release(h.bytes());
+    result.map_err(kernel_error)
 }
 
 /// The vectors of every layer: kept copies, or read per use.
@@ -109,9 +110,10 @@ pub(crate) struct LayerVectorStore {
 }
 
 impl LayerVectorStore {
-    /// Read the vectors of `n_layer` layers, keeping those for which
-    /// `keep(i)` holds; the others are read when [`LayerVectorStore::get`]
-    /// asks for them (checked here once, so a missing tensor fails the load).
+    /// Read the vectors of the manifest's first `n_layer` layers, keeping
+    /// those for which `keep(i)` holds; the others are read when
+    /// [`LayerVectorStore::get`] asks for them (checked here once, so a
+    /// missing tensor fails the load).
     pub fn load(
         backend: &dyn StorageBackend,
         kernels: &dyn Kernels,
@@ -129,9 +131,9 @@ impl LayerVectorStore {
                 read_layer(backend, kernels, manifest, il, None, &mut v)?;
                 store.kept.push(Some(v));
             } else {
-                for role in ["attn_norm", "ffn_norm"] {
+                for (_, name) in vector_tensors(manifest, il) {
                     // Opening a handle touches none of its bytes.
-                    backend.tensor(&layer_tensor(il, role))?;
+                    backend.tensor(name)?;
                 }
                 store.kept.push(None);
             }
@@ -166,23 +168,15 @@ fn read_layer(
     streamed: Option<&Lease>,
     v: &mut LayerVectors,
 ) -> Result<()> {
-    let present = |name: &str| {
-        manifest
-            .layers
-            .get(il)
-            .is_some_and(|l| l.tensors.iter().any(|t| t.name == name))
-    };
-    let read =
-        |name: &str, out: &mut Vec<f32>| VectorReader::read(backend, kernels, name, streamed, out);
-    read(&layer_tensor(il, "attn_norm"), &mut v.attn_norm)?;
-    read(&layer_tensor(il, "ffn_norm"), &mut v.ffn_norm)?;
-    for role in OPTIONAL_ROLES {
-        let name = layer_tensor(il, role);
-        let Some(slot) = v.optional_mut(role) else {
-            continue;
-        };
-        if present(&name) {
-            read(&name, slot.get_or_insert_with(Vec::new))?;
+    let mut present = [false; Role::COUNT];
+    for (role, _) in vector_tensors(manifest, il) {
+        present[role as usize] = true;
+    }
+    v.values.resize_with(Role::COUNT, || None);
+    for (role, slot) in Role::ALL.iter().zip(v.values.iter_mut()) {
+        if present[*role as usize] {
+            let out = slot.get_or_insert_with(Vec::new);
+            read_vector(backend, kernels, &layer_tensor(il, *role), streamed, out)?;
         } else {
             *slot = None;
         }

@@ -25,7 +25,6 @@
 pub mod error;
 pub mod executor;
 pub mod generate;
-mod hybrid_layers;
 pub mod kv_cache;
 pub mod layer_range;
 mod layer_vectors;

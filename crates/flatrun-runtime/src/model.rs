@@ -10,7 +10,7 @@ use crate::profiler::Profiler;
 use flatrun_format::StorageBackend;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
-use flatrun_model::{Manifest, ModelConfig};
+use flatrun_model::{Checkpoint, Manifest, ModelConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,33 +31,19 @@ impl Model {
     /// directory, or an MLX directory) with `opts`.
     pub fn load(path: impl AsRef<Path>, opts: LoadOptions) -> Result<Model> {
         let path = path.as_ref().to_path_buf();
-        let mut backend = flatrun_format::open(&path)?;
-        let (mut cfg, tokenizer, template) = if backend.name() == "gguf" {
-            let md = backend.metadata();
-            let cfg = ModelConfig::from_gguf(md)?;
-            let tok = Tokenizer::from_gguf_metadata(md).map_err(|e| e.to_string());
-            let tpl =
-                ChatTemplate::from_gguf_metadata(md, cfg.arch.name()).map_err(|e| e.to_string());
-            (cfg, tok, tpl)
-        } else {
-            let dir =
-                backend
-                    .directory()
-                    .map(Path::to_path_buf)
-                    .ok_or_else(|| RuntimeError::Config {
-                        path: path.clone(),
-                        what: "no directory with a config.json next to the weights".into(),
-                    })?;
-            let cfg = ModelConfig::from_hf_config_file(&dir.join("config.json"))?;
-            let tok = Tokenizer::from_hf_dir(&dir).map_err(|e| e.to_string());
-            let tpl = ChatTemplate::from_hf_dir(&dir, cfg.arch.name()).map_err(|e| e.to_string());
-            (cfg, tok, tpl)
-        };
+        let mut checkpoint = Checkpoint::open(&path)?;
+        let mut cfg = checkpoint.config()?;
+        let tokenizer = checkpoint.tokenizer().map_err(|e| e.to_string());
+        let template = checkpoint
+            .chat_template(cfg.arch)
+            .map_err(|e| e.to_string());
         // The tokenizer has its own tables now: drop the header's parsed
         // copies of the vocabulary (tens of MiB that would otherwise stay
         // resident, and under a memory cap leave less room for weights).
-        backend.forget_large_metadata_arrays(METADATA_ARRAY_KEEP);
-        let backend: Arc<dyn StorageBackend> = Arc::from(backend);
+        checkpoint
+            .backend_mut()
+            .forget_large_metadata_arrays(METADATA_ARRAY_KEEP);
+        let backend: Arc<dyn StorageBackend> = Arc::from(checkpoint.into_backend());
         let manifest = Manifest::build(&cfg, backend.tensors())?;
         cfg.vocab_size = manifest.vocab_size();
         if let Some(n) = opts.threads {

@@ -27,7 +27,7 @@ use crate::memory;
 use crate::residency::ResidencyPlan;
 use flatrun_format::{GgmlType, StorageBackend};
 use flatrun_kernels::{KernelError, Kernels, Weight, WeightFormat};
-use flatrun_model::manifest::layer_tensor;
+use flatrun_model::Role;
 use half::f16;
 use std::str::FromStr;
 
@@ -109,7 +109,7 @@ impl DenseMatrix {
 }
 
 /// The dequantized matrices of every layer that has them (index = layer;
-/// matrices in the order of the roles given to [`DenseLayers::build`]).
+/// matrices in the order of the layer's list given to [`DenseLayers::build`]).
 #[derive(Debug, Default)]
 pub(crate) struct DenseLayers {
     layers: Vec<Option<Vec<DenseMatrix>>>,
@@ -120,17 +120,17 @@ pub(crate) struct DenseLayers {
 const F16_CHUNK_ROWS: usize = 64;
 
 impl DenseLayers {
-    /// Dequantize the `roles` matrices of every layer of `selection` as
-    /// `mode` asks; nothing for [`WeightsMode::Keep`].
+    /// Dequantize the matrices `layers[il]` (role, canonical name) of every
+    /// layer of `selection` as `mode` asks; nothing for [`WeightsMode::Keep`].
     pub(crate) fn build(
         mode: WeightsMode,
         backend: &dyn StorageBackend,
         kernels: &dyn Kernels,
-        n_layer: usize,
-        roles: &[&str],
+        layers: &[Vec<(Role, String)>],
         plan: &ResidencyPlan,
         selection: &LayerSelection,
     ) -> Result<DenseLayers> {
+        let n_layer = layers.len();
         let mut dense = DenseLayers {
             layers: (0..n_layer).map(|_| None).collect(),
             bytes: 0,
@@ -153,9 +153,9 @@ impl DenseLayers {
             if !selection.runs(il) {
                 continue;
             }
-            let mut matrices = Vec::with_capacity(roles.len());
-            for role in roles {
-                let matrix = dequantize(backend, kernels, &layer_tensor(il, role), mode)?;
+            let mut matrices = Vec::with_capacity(layers[il].len());
+            for (_, name) in &layers[il] {
+                let matrix = dequantize(backend, kernels, name, mode)?;
                 dense.bytes += matrix.bytes();
                 matrices.push(matrix);
             }

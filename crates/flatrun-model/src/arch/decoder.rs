@@ -1,15 +1,18 @@
-//! The decoder layer shared by every supported family. One function,
+//! The decoder layer shared by the attention-only families. One function,
 //! [`forward_layer`], runs one layer for every token of a step at once (the
 //! tokens of several sequences may be stacked; each sequence attends only to
-//! its own KV cache through an [`AttentionSegment`]). Family differences are
-//! data: optional biases, q/k norms, sandwich norms, the activation, the
-//! window and RoPE base of the layer.
+//! its own KV cache through a [`Segment`]). Family differences are data:
+//! optional biases, q/k norms, sandwich norms, the activation, the window and
+//! RoPE base of the layer. Its two halves, the attention core
+//! ([`attention_core`]) and the FFN block ([`ffn_block`]), are shared with the
+//! layers of other families (Qwen3.5).
 
-use crate::config::{Activation, Arch, ModelConfig, RopeLayout};
+use super::delta_net::DeltaNetScratch;
+use super::{LayerMemory, LayerTensors, Need, Role, Segment, require_matrix, require_vector};
+use crate::config::{Activation, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
-use flatrun_kernels::ops::{self, AttnConfig, KvSlice, RopeConfig, RopeScaling};
+use flatrun_kernels::ops::{self, AttnConfig, RopeConfig, RopeScaling};
 use flatrun_kernels::{Kernels, Weight};
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 /// The operations a profiler can tell apart.
@@ -78,30 +81,55 @@ impl OpObserver for () {
     fn record(&mut self, _: usize, _: Op, _: Duration) {}
 }
 
-/// The key/value cache of one layer of one sequence.
-pub trait LayerKv {
-    /// Store the keys and values (`positions.len()` rows of `kv_dim` each)
-    /// of new tokens; an error when there is no room.
-    fn write(&mut self, positions: &[usize], k: &[f32], v: &[f32]) -> Result<()>;
-    /// Cached keys, `n_slots × kv_dim`.
-    fn keys(&self) -> KvSlice<'_>;
-    /// Cached values, `n_slots × kv_dim`.
-    fn values(&self) -> KvSlice<'_>;
-    /// Absolute position held by each slot (`usize::MAX` when empty).
-    fn slot_positions(&self) -> &[usize];
+/// Which optional tensors a decoder-shaped family's layers hold.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecoderLayout {
+    /// `attn.q.bias`, `attn.k.bias`, `attn.v.bias` (Qwen2).
+    pub qkv_bias: bool,
+    /// `attn.q_norm`, `attn.k_norm` (Qwen3, Gemma 3).
+    pub qk_norm: bool,
+    /// `post_attn_norm`, `post_ffn_norm` (Gemma 3).
+    pub sandwich_norms: bool,
 }
 
-/// The tokens of one sequence inside a step, and that sequence's cache.
-pub struct AttentionSegment<'s> {
-    /// Rows of the step's token batch that belong to this sequence.
-    pub tokens: Range<usize>,
-    /// This layer's cache of this sequence.
-    pub kv: &'s mut dyn LayerKv,
+/// The tensors of a decoder layer of `layout`, matrices in the order the
+/// layer multiplies them; `attn.o.bias` is used where a checkpoint has it.
+pub fn layer_roles(layout: DecoderLayout) -> Vec<(Role, Need)> {
+    use Need::{Optional, Required};
+    let mut roles = vec![
+        (Role::AttnNorm, Required),
+        (Role::AttnQ, Required),
+        (Role::AttnK, Required),
+        (Role::AttnV, Required),
+        (Role::AttnO, Required),
+        (Role::FfnNorm, Required),
+        (Role::FfnGate, Required),
+        (Role::FfnUp, Required),
+        (Role::FfnDown, Required),
+    ];
+    if layout.qkv_bias {
+        roles.extend([
+            (Role::AttnQBias, Required),
+            (Role::AttnKBias, Required),
+            (Role::AttnVBias, Required),
+        ]);
+    }
+    if layout.qk_norm {
+        roles.extend([(Role::AttnQNorm, Required), (Role::AttnKNorm, Required)]);
+    }
+    if layout.sandwich_norms {
+        roles.extend([
+            (Role::PostAttnNorm, Required),
+            (Role::PostFfnNorm, Required),
+        ]);
+    }
+    roles.push((Role::AttnOBias, Optional));
+    roles
 }
 
-/// The weights of one layer. Matrices are borrowed from storage; the small
-/// vectors (norms, biases) are f32 copies the runtime keeps resident.
-pub struct LayerWeights<'a> {
+/// The weights of one decoder layer, by what they do. Matrices are borrowed
+/// from storage; the small vectors (norms, biases) are f32.
+pub struct DecoderTensors<'a> {
     pub attn_norm: &'a [f32],
     pub q: Weight<'a>,
     pub k: Weight<'a>,
@@ -114,11 +142,46 @@ pub struct LayerWeights<'a> {
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     pub post_attn_norm: Option<&'a [f32]>,
-    pub ffn_norm: &'a [f32],
+    pub ffn: FfnTensors<'a>,
+}
+
+impl<'a> DecoderTensors<'a> {
+    /// Layer `layer`'s tensors by role; an error names a missing one.
+    pub fn from_layer(layer: usize, t: &'a dyn LayerTensors) -> Result<DecoderTensors<'a>> {
+        Ok(DecoderTensors {
+            attn_norm: require_vector(t, layer, Role::AttnNorm)?,
+            q: require_matrix(t, layer, Role::AttnQ)?,
+            k: require_matrix(t, layer, Role::AttnK)?,
+            v: require_matrix(t, layer, Role::AttnV)?,
+            o: require_matrix(t, layer, Role::AttnO)?,
+            q_bias: t.vector(Role::AttnQBias),
+            k_bias: t.vector(Role::AttnKBias),
+            v_bias: t.vector(Role::AttnVBias),
+            o_bias: t.vector(Role::AttnOBias),
+            q_norm: t.vector(Role::AttnQNorm),
+            k_norm: t.vector(Role::AttnKNorm),
+            post_attn_norm: t.vector(Role::PostAttnNorm),
+            ffn: FfnTensors {
+                norm: require_vector(t, layer, Role::FfnNorm)?,
+                gate: require_matrix(t, layer, Role::FfnGate)?,
+                up: require_matrix(t, layer, Role::FfnUp)?,
+                down: require_matrix(t, layer, Role::FfnDown)?,
+                post_norm: t.vector(Role::PostFfnNorm),
+            },
+        })
+    }
+}
+
+/// The weights of a gated FFN block.
+#[derive(Clone, Copy, Debug)]
+pub struct FfnTensors<'a> {
+    /// The RMS norm in front of the block.
+    pub norm: &'a [f32],
     pub gate: Weight<'a>,
     pub up: Weight<'a>,
     pub down: Weight<'a>,
-    pub post_ffn_norm: Option<&'a [f32]>,
+    /// The RMS norm of the block's output (Gemma 3).
+    pub post_norm: Option<&'a [f32]>,
 }
 
 /// Per-layer constants computed once at load: the RoPE and attention settings.
@@ -143,17 +206,7 @@ impl LayerPlan {
     /// The plan of layer `index`; `freq_factors` is the `rope_freqs` tensor.
     pub fn new(cfg: &ModelConfig, index: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
         let windowed = cfg.is_swa(index);
-        let qk_halves_to_pairs = cfg.arch == Arch::Llama
-            && cfg.rope_layout == RopeLayout::Neox
-            && cfg.rope_dims.is_multiple_of(2)
-            && cfg.rope_dims <= cfg.head_dim.min(MAX_PAIRED_DIMS);
-        let layout = if qk_halves_to_pairs {
-            RopeLayout::Normal
-        } else {
-            cfg.rope_layout
-        };
         // Windowed layers rotate with their own base and no context scaling.
-        let q_scale = (cfg.arch == Arch::Gemma3).then_some(cfg.attn_scale);
         let (theta_base, scaling) = if windowed {
             (cfg.rope_theta_swa, RopeScaling::None)
         } else {
@@ -162,7 +215,7 @@ impl LayerPlan {
         LayerPlan {
             index,
             rope: RopeConfig {
-                layout,
+                layout: cfg.rope_layout,
                 n_rot: cfg.rope_dims,
                 theta_base,
                 scaling,
@@ -176,55 +229,76 @@ impl LayerPlan {
                 n_head: cfg.n_head,
                 n_kv_head: cfg.n_kv_head,
                 head_dim: cfg.head_dim,
-                scale: if q_scale.is_some() {
-                    1.0
-                } else {
-                    cfg.attn_scale
-                },
+                scale: cfg.attn_scale,
                 window: cfg.window(index),
                 softcap: None,
             },
-            q_scale,
-            qk_halves_to_pairs,
+            q_scale: None,
+            qk_halves_to_pairs: false,
         }
+    }
+
+    /// The plan with the attention scale applied to the queries in f32
+    /// after RoPE instead of to the scores (Gemma 3, as llama.cpp's graph).
+    pub fn scaling_queries(mut self) -> LayerPlan {
+        self.q_scale = Some(self.attn.scale);
+        self.attn.scale = 1.0;
+        self
+    }
+
+    /// The plan with a NeoX (two halves) checkpoint's q and k reordered into
+    /// adjacent pairs and rotated with the normal layout, where the rotated
+    /// dims allow it (Hugging Face llama checkpoints).
+    pub fn pairing_halves(mut self) -> LayerPlan {
+        let n_rot = self.rope.n_rot;
+        if self.rope.layout == RopeLayout::Neox
+            && n_rot.is_multiple_of(2)
+            && n_rot <= self.attn.head_dim.min(MAX_PAIRED_DIMS)
+        {
+            self.qk_halves_to_pairs = true;
+            self.rope.layout = RopeLayout::Normal;
+        }
+        self
     }
 }
 
 /// Activation buffers of a layer step, allocated once and grown only when a
-/// step has more tokens than any before it.
+/// step has more tokens than any before it. The decoder's buffers, and those
+/// other layers need besides them.
 #[derive(Debug, Default)]
-pub struct DecoderScratch {
+pub struct LayerScratch {
     /// Normalized input, `n × n_embd`.
-    xb: Vec<f32>,
+    pub(crate) xb: Vec<f32>,
     /// Queries `n × q_dim`.
-    q: Vec<f32>,
+    pub(crate) q: Vec<f32>,
     /// New keys and values, `n × kv_dim`.
-    k: Vec<f32>,
-    v: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
     /// Attention output, `n × q_dim`.
-    att: Vec<f32>,
+    pub(crate) att: Vec<f32>,
     /// A projection back to the residual width, `n × n_embd`.
-    proj: Vec<f32>,
+    pub(crate) proj: Vec<f32>,
     /// FFN gate and up, `n × n_ff`.
-    gate: Vec<f32>,
-    up: Vec<f32>,
+    pub(crate) gate: Vec<f32>,
+    pub(crate) up: Vec<f32>,
+    /// Qwen3.5 gated attention: the query projection (queries and gates).
+    pub(crate) q_gate: Vec<f32>,
+    /// Qwen3.5 gated attention: the output gates, `n × q_dim`.
+    pub(crate) attn_gate: Vec<f32>,
+    /// Qwen3.5 delta-net layers.
+    pub(crate) delta_net: DeltaNetScratch,
 }
 
-impl DecoderScratch {
+impl LayerScratch {
     /// Buffers for steps of up to `max_tokens` tokens.
-    pub fn new(cfg: &ModelConfig, max_tokens: usize) -> DecoderScratch {
-        let mut s = DecoderScratch::default();
+    pub fn new(cfg: &ModelConfig, max_tokens: usize) -> LayerScratch {
+        let mut s = LayerScratch::default();
         s.reserve(cfg, max_tokens);
         s
     }
 
-    /// Make room for `n` tokens.
-    fn reserve(&mut self, cfg: &ModelConfig, n: usize) {
-        let grow = |b: &mut Vec<f32>, len: usize| {
-            if b.len() < len {
-                b.resize(len, 0.0);
-            }
-        };
+    /// Make room for `n` tokens in the decoder's buffers.
+    pub(crate) fn reserve(&mut self, cfg: &ModelConfig, n: usize) {
         grow(&mut self.xb, n * cfg.n_embd);
         grow(&mut self.q, n * cfg.q_dim());
         grow(&mut self.k, n * cfg.kv_dim());
@@ -236,30 +310,31 @@ impl DecoderScratch {
     }
 }
 
-/// Run decoder layer `plan.index` on `hidden` (`n × n_embd`, updated in
-/// place) for tokens at `positions`. `segments` split the rows by sequence.
-#[allow(clippy::too_many_arguments)]
-pub fn forward_layer(
+/// Grow `b` to at least `len` values and return its first `len`.
+pub(crate) fn grow(b: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if b.len() < len {
+        b.resize(len, 0.0);
+    }
+    &mut b[..len]
+}
+
+/// The error of a layer handed the wrong kind of memory for a sequence.
+pub(crate) fn wrong_memory(layer: usize, want: &str) -> ModelError {
+    ModelError::Kernel {
+        layer,
+        op: "memory",
+        what: format!("layer {layer} needs a {want} for every sequence"),
+    }
+}
+
+/// Check that `hidden` holds `n` rows of the residual width.
+pub(crate) fn check_hidden(
     cfg: &ModelConfig,
-    plan: &LayerPlan,
-    w: &LayerWeights,
-    hidden: &mut [f32],
-    positions: &[usize],
-    segments: &mut [AttentionSegment],
-    kernels: &dyn Kernels,
-    scratch: &mut DecoderScratch,
-    obs: &mut dyn OpObserver,
+    layer: usize,
+    hidden: &[f32],
+    n: usize,
 ) -> Result<()> {
-    let layer = plan.index;
-    let n = positions.len();
-    let (d, qd, kvd, ff, hd) = (
-        cfg.n_embd,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.n_ff,
-        cfg.head_dim,
-    );
-    let (eps, offset) = (cfg.rms_eps, cfg.norm_weight_offset);
+    let d = cfg.n_embd;
     if hidden.len() != n * d {
         return Err(ModelError::Kernel {
             layer,
@@ -270,6 +345,28 @@ pub fn forward_layer(
             ),
         });
     }
+    Ok(())
+}
+
+/// Run decoder layer `plan.index` on `hidden` (`n × n_embd`, updated in
+/// place) for tokens at `positions`. `segments` split the rows by sequence.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_layer(
+    cfg: &ModelConfig,
+    plan: &LayerPlan,
+    w: &DecoderTensors,
+    hidden: &mut [f32],
+    positions: &[usize],
+    segments: &mut [Segment],
+    kernels: &dyn Kernels,
+    scratch: &mut LayerScratch,
+    obs: &mut dyn OpObserver,
+) -> Result<()> {
+    let layer = plan.index;
+    let n = positions.len();
+    let (d, qd, kvd, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
+    let (eps, offset) = (cfg.rms_eps, cfg.norm_weight_offset);
+    check_hidden(cfg, layer, hidden, n)?;
     scratch.reserve(cfg, n);
     let xb = &mut scratch.xb[..n * d];
     let q = &mut scratch.q[..n * qd];
@@ -304,8 +401,50 @@ pub fn forward_layer(
         add_bias(k, w.k_bias, w.k.rows, layer, "attn.k")?;
         add_bias(v, w.v_bias, w.v.rows, layer, "attn.v")
     })?;
-    // q, k = rmsnorm per head (Qwen3, Gemma 3)
-    if let (Some(qn), Some(kn)) = (w.q_norm, w.k_norm) {
+    // att = attention(q, k, v) over each sequence's cache
+    let qk_norms = w.q_norm.zip(w.k_norm);
+    attention_core(
+        cfg, plan, qk_norms, q, k, v, positions, segments, att, &mut clock,
+    )?;
+    // proj = att·Woᵀ (+ bo)
+    clock.try_time(Op::OutMatmul, || {
+        matmul(kernels, &w.o, att, n, proj, w.o_bias, layer, "attn.o")
+    })?;
+    // proj = rmsnorm(proj) · post_attn_norm (Gemma 3)
+    if let Some(pn) = w.post_attn_norm {
+        clock.time(Op::Norm, || ops::rms_norm_rows(proj, d, pn, eps, offset));
+    }
+    // h = h + proj
+    clock.time(Op::Residual, || ops::add(hidden, proj));
+
+    // ---- feed-forward block ----
+    ffn_block(
+        cfg, layer, &w.ffn, hidden, xb, gate, up, proj, kernels, &mut clock,
+    )
+}
+
+/// The attention core of a layer, after the projections: q/k RMS norms per
+/// head (when the layer has them), RoPE, the cache write and softmax
+/// attention per sequence. `q` (`n × q_dim`) and `k`, `v` (`n × kv_dim`) hold
+/// the projections; `att` (`n × q_dim`) receives the attention output.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_core(
+    cfg: &ModelConfig,
+    plan: &LayerPlan,
+    qk_norms: Option<(&[f32], &[f32])>,
+    q: &mut [f32],
+    k: &mut [f32],
+    v: &[f32],
+    positions: &[usize],
+    segments: &mut [Segment],
+    att: &mut [f32],
+    clock: &mut Clock,
+) -> Result<()> {
+    let layer = plan.index;
+    let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
+    let (eps, offset) = (cfg.rms_eps, cfg.norm_weight_offset);
+    // q, k = rmsnorm per head (Qwen3, Gemma 3, Qwen3.5)
+    if let Some((qn, kn)) = qk_norms {
         clock.time(Op::Norm, || {
             ops::rms_norm_rows(q, hd, qn, eps, offset);
             ops::rms_norm_rows(k, hd, kn, eps, offset);
@@ -329,7 +468,10 @@ pub fn forward_layer(
     clock.try_time(Op::KvWrite, || {
         for seg in segments.iter_mut() {
             let r = seg.tokens.clone();
-            seg.kv.write(
+            let LayerMemory::Kv(kv) = &mut seg.memory else {
+                return Err(wrong_memory(layer, "KV cache"));
+            };
+            kv.write(
                 &positions[r.clone()],
                 &k[r.start * kvd..r.end * kvd],
                 &v[r.start * kvd..r.end * kvd],
@@ -341,33 +483,45 @@ pub fn forward_layer(
     clock.time(Op::Attention, || {
         for seg in segments.iter() {
             let r = seg.tokens.clone();
-            ops::attention(
-                &q[r.start * qd..r.end * qd],
-                &positions[r.clone()],
-                seg.kv.keys(),
-                seg.kv.values(),
-                seg.kv.slot_positions(),
-                &plan.attn,
-                &mut att[r.start * qd..r.end * qd],
-            );
+            if let LayerMemory::Kv(kv) = &seg.memory {
+                ops::attention(
+                    &q[r.start * qd..r.end * qd],
+                    &positions[r.clone()],
+                    kv.keys(),
+                    kv.values(),
+                    kv.slot_positions(),
+                    &plan.attn,
+                    &mut att[r.start * qd..r.end * qd],
+                );
+            }
         }
     });
-    // proj = att·Woᵀ (+ bo)
-    clock.try_time(Op::OutMatmul, || {
-        matmul(kernels, &w.o, att, n, proj, w.o_bias, layer, "attn.o")
-    })?;
-    // proj = rmsnorm(proj) · post_attn_norm (Gemma 3)
-    if let Some(pn) = w.post_attn_norm {
-        clock.time(Op::Norm, || ops::rms_norm_rows(proj, d, pn, eps, offset));
-    }
-    // h = h + proj
-    clock.time(Op::Residual, || ops::add(hidden, proj));
+    Ok(())
+}
 
-    // ---- feed-forward block ----
+/// The gated FFN block with its residual:
+/// `h += post_norm(down(act(gate(x)) ⊙ up(x)))`, `x = rmsnorm(h) · norm`.
+/// `xb` (`n × n_embd`), `gate`, `up` (`n × n_ff`) and `proj` (`n × n_embd`)
+/// are scratch.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ffn_block(
+    cfg: &ModelConfig,
+    layer: usize,
+    w: &FfnTensors,
+    hidden: &mut [f32],
+    xb: &mut [f32],
+    gate: &mut [f32],
+    up: &mut [f32],
+    proj: &mut [f32],
+    kernels: &dyn Kernels,
+    clock: &mut Clock,
+) -> Result<()> {
+    let n = xb.len() / cfg.n_embd.max(1);
+    let (d, eps, offset) = (cfg.n_embd, cfg.rms_eps, cfg.norm_weight_offset);
     // xb = rmsnorm(h) · ffn_norm
     clock.time(Op::Norm, || {
         xb.copy_from_slice(hidden);
-        ops::rms_norm_rows(xb, d, w.ffn_norm, eps, offset);
+        ops::rms_norm_rows(xb, d, w.norm, eps, offset);
     });
     // gate = xb·Wgateᵀ ; up = xb·Wupᵀ
     // (one pool job for the two)
@@ -393,7 +547,7 @@ pub fn forward_layer(
         matmul(kernels, &w.down, gate, n, proj, None, layer, "ffn.down")
     })?;
     // proj = rmsnorm(proj) · post_ffn_norm (Gemma 3)
-    if let Some(pn) = w.post_ffn_norm {
+    if let Some(pn) = w.post_norm {
         clock.time(Op::Norm, || ops::rms_norm_rows(proj, d, pn, eps, offset));
     }
     // h = h + proj
@@ -403,7 +557,7 @@ pub fn forward_layer(
 
 /// `out = x·Wᵀ (+ bias)` for `n` tokens, with errors naming the tensor.
 #[allow(clippy::too_many_arguments)]
-fn matmul(
+pub(crate) fn matmul(
     kernels: &dyn Kernels,
     w: &Weight,
     x: &[f32],
@@ -437,7 +591,7 @@ fn matmul(
 
 /// `outs[i] = x·ws[i]ᵀ` for matrices sharing their input, with errors naming the op.
 #[allow(clippy::too_many_arguments)]
-fn matmul_many(
+pub(crate) fn matmul_many(
     kernels: &dyn Kernels,
     ws: &[&Weight],
     x: &[f32],

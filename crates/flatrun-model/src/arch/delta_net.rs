@@ -21,7 +21,7 @@
 //! independent of the sequence length.
 
 use crate::error::{ModelError, Result};
-use flatrun_kernels::{ops, Kernels, Weight};
+use flatrun_kernels::{Kernels, Weight, ops};
 
 /// Shape of the gated delta-net layers of a hybrid model.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -167,11 +167,7 @@ fn grow(b: &mut Vec<f32>, len: usize) -> &mut [f32] {
 
 /// `softplus(x) = ln(1 + eˣ)`, linear past 20 like ggml.
 fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        x.exp().ln_1p()
-    }
+    if x > 20.0 { x } else { x.exp().ln_1p() }
 }
 
 fn sigmoid(x: f32) -> f32 {

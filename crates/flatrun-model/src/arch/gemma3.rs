@@ -10,8 +10,49 @@
 //! checkpoints store `w` and the model computes `x * (1 + w)`, which the
 //! config expresses as `norm_weight_offset = 1`.
 
-use crate::config::{Activation, Arch, GgufKeys, HfKeys, ModelConfig, RopeLayout};
+use super::decoder::{self, DecoderLayout, LayerPlan};
+use super::{Arch, Architecture, Need, Role};
+use crate::config::{Activation, GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::Result;
+use flatrun_format::HfNaming;
+
+/// The Gemma 3 family.
+#[derive(Debug)]
+pub struct Gemma3;
+
+impl Architecture for Gemma3 {
+    fn name(&self) -> &'static str {
+        "gemma3"
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["gemma3_text"]
+    }
+    fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
+        config_from_gguf(keys)
+    }
+    fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
+        config_from_hf(keys)
+    }
+    /// `post_attention_layernorm` is the norm of the attention output;
+    /// `pre_feedforward_layernorm` is the pre-FFN norm.
+    fn hf_naming(&self) -> HfNaming {
+        HfNaming {
+            layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+        }
+    }
+    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(DecoderLayout {
+            qkv_bias: false,
+            qk_norm: true,
+            sandwich_norms: true,
+        })
+    }
+    /// The attention scale multiplies the queries in f32 after RoPE (before
+    /// ggml rounds them to f16 against the cache), as llama.cpp's graph does.
+    fn layer_plan(&self, cfg: &ModelConfig, il: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
+        LayerPlan::new(cfg, il, freq_factors).scaling_queries()
+    }
+}
 
 /// One full-attention layer every this many layers.
 pub const SWA_PATTERN: usize = 6;
@@ -27,7 +68,7 @@ pub fn swa_layers(n_layer: usize, pattern: usize) -> Vec<bool> {
 
 /// Gemma 3 hyperparameters from GGUF metadata.
 pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_gguf(Arch::Gemma3, keys)?;
+    let mut cfg = super::common_from_gguf(Arch::new(&Gemma3), keys)?;
     cfg.rope_layout = RopeLayout::Neox;
     cfg.activation = Activation::GeluTanh;
     cfg.embed_scale = Some((cfg.n_embd as f32).sqrt());
@@ -53,7 +94,7 @@ pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
 /// Gemma 3 hyperparameters from `config.json` (`gemma3_text`, or the
 /// `text_config` of a multimodal checkpoint).
 pub fn config_from_hf(keys: &HfKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_hf(Arch::Gemma3, keys)?;
+    let mut cfg = super::common_from_hf(Arch::new(&Gemma3), keys)?;
     cfg.activation = Activation::GeluTanh;
     cfg.embed_scale = Some((cfg.n_embd as f32).sqrt());
     cfg.norm_weight_offset = 1.0;

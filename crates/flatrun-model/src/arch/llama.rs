@@ -6,17 +6,38 @@
 //! checkpoints use the "normal" (adjacent pairs) RoPE layout because the
 //! converter permuted the Q/K rows; Hugging Face ones use NeoX halves.
 
-use crate::config::{Arch, GgufKeys, HfKeys, ModelConfig, RopeLayout};
+use super::decoder::{self, DecoderLayout, LayerPlan};
+use super::{Arch, Architecture, Need, Role};
+use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::Result;
 
-/// Llama hyperparameters from GGUF metadata.
-pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_gguf(Arch::Llama, keys)?;
-    cfg.rope_layout = RopeLayout::Normal;
-    Ok(cfg)
-}
+/// The Llama family.
+#[derive(Debug)]
+pub struct Llama;
 
-/// Llama hyperparameters from `config.json`.
-pub fn config_from_hf(keys: &HfKeys) -> Result<ModelConfig> {
-    super::common_from_hf(Arch::Llama, keys)
+impl Architecture for Llama {
+    fn name(&self) -> &'static str {
+        "llama"
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["smollm", "smollm2", "mistral"]
+    }
+    fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
+        let mut cfg = super::common_from_gguf(Arch::new(&Llama), keys)?;
+        cfg.rope_layout = RopeLayout::Normal;
+        Ok(cfg)
+    }
+    fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
+        super::common_from_hf(Arch::new(&Llama), keys)
+    }
+    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(DecoderLayout::default())
+    }
+    /// Hugging Face checkpoints keep each head's rotary dims as two halves
+    /// (NeoX); llama.cpp's converter permutes the Q/K rows into adjacent
+    /// pairs. q and k are reordered into pairs after the projection, so the
+    /// cache and every q·k sum run in llama.cpp's order.
+    fn layer_plan(&self, cfg: &ModelConfig, il: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
+        LayerPlan::new(cfg, il, freq_factors).pairing_halves()
+    }
 }

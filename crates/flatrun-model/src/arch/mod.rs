@@ -1,6 +1,10 @@
-//! Architectures: how each model family maps its hyperparameters onto a
-//! [`ModelConfig`], which tensors it needs, and the decoder layer they all
-//! share ([`decoder`]).
+//! Architectures: how each model family reads its hyperparameters into a
+//! [`ModelConfig`], which tensors its layers hold ([`Role`]s), and how a layer
+//! runs. Every family is one [`Architecture`]; the registry
+//! ([`architecture`]) maps a GGUF `general.architecture` or a Hugging Face
+//! `model_type` to it. The runtime's layer loop sees only this trait: it hands
+//! a layer its tensors ([`LayerTensors`]) and each sequence's memory of it
+//! ([`Segment`]) and calls [`Architecture::forward_layer`].
 //!
 //! | family | file | specifics |
 //! |---|---|---|
@@ -9,6 +13,9 @@
 //! | Qwen3 | [`qwen3`] | per-head q/k RMS norms |
 //! | Gemma 3 | [`gemma3`] | embedding scale, sandwich norms, GELU-tanh, sliding-window layers |
 //! | Qwen3.5 | [`qwen35`], [`delta_net`] | hybrid: gated delta-net layers + gated full attention every Nth layer |
+//!
+//! The first four run the one decoder layer ([`decoder`]), Qwen3.5 its own,
+//! built from the decoder's attention core and FFN block.
 
 pub mod decoder;
 pub mod delta_net;
@@ -17,83 +24,234 @@ pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen35;
+pub mod role;
 
-pub use decoder::{
-    forward_layer, AttentionSegment, DecoderScratch, LayerKv, LayerPlan, LayerWeights, Op,
-    OpObserver,
+pub use decoder::{DecoderTensors, LayerPlan, LayerScratch, Op, OpObserver};
+pub use role::{Need, Role, TensorKind, layer_tensor, parse_layer_tensor};
+
+use crate::config::{Activation, GgufKeys, HfKeys, ModelConfig, RopeLayout};
+use crate::error::{ModelError, Result};
+use delta_net::DeltaNetState;
+use flatrun_format::HfNaming;
+use flatrun_kernels::ops::KvSlice;
+use flatrun_kernels::{Kernels, Weight};
+use std::ops::Range;
+
+/// Every family, by its GGUF name. Adding a family: one file in this
+/// directory and one line here.
+static FAMILIES: &[&dyn Architecture] = &[
+    &llama::Llama,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &gemma3::Gemma3,
+    &qwen35::Qwen35,
+];
+
+/// The family of a GGUF `general.architecture` or a Hugging Face `model_type`.
+pub fn architecture(name: &str) -> Result<&'static dyn Architecture> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|a| a.name() == name || a.aliases().contains(&name))
+        .ok_or_else(|| ModelError::UnsupportedArch {
+            name: name.to_string(),
+            supported: supported(),
+        })
+}
+
+/// Every supported family, by its GGUF name.
+pub fn supported() -> Vec<&'static str> {
+    FAMILIES.iter().map(|a| a.name()).collect()
+}
+
+/// How families that put the norm in front of the FFN after attention
+/// (Llama, Qwen, Mistral, …) name it in Hugging Face checkpoints.
+pub const PRE_FFN_NORM_NAMING: HfNaming = HfNaming {
+    layer_stems: &[("post_attention_layernorm", "ffn_norm")],
 };
 
-use crate::config::{Activation, Arch, GgufKeys, HfKeys, ModelConfig, RopeLayout, RopeScaling};
-use crate::error::Result;
-
-/// Build the config of `arch` from GGUF metadata.
-pub fn config_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
-    match arch {
-        Arch::Llama => llama::config_from_gguf(keys),
-        Arch::Qwen2 => qwen2::config_from_gguf(keys),
-        Arch::Qwen3 => qwen3::config_from_gguf(keys),
-        Arch::Gemma3 => gemma3::config_from_gguf(keys),
-        Arch::Qwen35 => qwen35::config_from_gguf(keys),
+/// One model family: its config rules, the tensors of its layers, and how a
+/// layer runs. Decoder-shaped families implement the first four methods and
+/// keep the defaults (the decoder layer, a KV cache per layer).
+pub trait Architecture: Send + Sync {
+    /// The GGUF `general.architecture` (also the metadata key prefix).
+    fn name(&self) -> &'static str;
+    /// Other names of the family: Hugging Face `model_type`s.
+    fn aliases(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// The config from GGUF metadata.
+    fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig>;
+    /// The config from a Hugging Face `config.json`.
+    fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig>;
+    /// What Hugging Face checkpoints of the family mean by the per-layer
+    /// names whose meaning differs between families.
+    fn hf_naming(&self) -> HfNaming {
+        PRE_FFN_NORM_NAMING
+    }
+    /// The tensors layer `il` holds, in the order the layer multiplies its
+    /// matrices (the runtime streams them in this order).
+    fn layer_roles(&self, cfg: &ModelConfig, il: usize) -> Vec<(Role, Need)>;
+    /// Which memory layer `il` keeps per sequence.
+    fn layer_memory(&self, cfg: &ModelConfig, il: usize) -> MemoryKind {
+        let _ = (cfg, il);
+        MemoryKind::Kv
+    }
+    /// The constants of layer `il` (RoPE, attention), computed once at load;
+    /// `freq_factors` is the `rope_freqs` tensor.
+    fn layer_plan(&self, cfg: &ModelConfig, il: usize, freq_factors: Option<&[f32]>) -> LayerPlan {
+        LayerPlan::new(cfg, il, freq_factors)
+    }
+    /// Run layer `plan.index` for every token of the step: `hidden` is
+    /// `n_tokens × n_embd`, updated in place; `segments` split the tokens by
+    /// sequence and carry each one's memory of this layer.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_layer(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        tensors: &dyn LayerTensors,
+        hidden: &mut [f32],
+        positions: &[usize],
+        segments: &mut [Segment],
+        kernels: &dyn Kernels,
+        scratch: &mut LayerScratch,
+        observer: &mut dyn OpObserver,
+    ) -> Result<()> {
+        let weights = DecoderTensors::from_layer(plan.index, tensors)?;
+        decoder::forward_layer(
+            cfg, plan, &weights, hidden, positions, segments, kernels, scratch, observer,
+        )
     }
 }
 
-/// Build the config of `arch` from a Hugging Face `config.json`.
-pub fn config_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
-    match arch {
-        Arch::Llama => llama::config_from_hf(keys),
-        Arch::Qwen2 => qwen2::config_from_hf(keys),
-        Arch::Qwen3 => qwen3::config_from_hf(keys),
-        Arch::Gemma3 => gemma3::config_from_hf(keys),
-        Arch::Qwen35 => qwen35::config_from_hf(keys),
+/// A model's family, as a config carries it: compares, hashes and prints by
+/// name.
+#[derive(Clone, Copy)]
+pub struct Arch(&'static dyn Architecture);
+
+impl Arch {
+    /// The family of a GGUF `general.architecture` or Hugging Face `model_type`.
+    pub fn from_name(name: &str) -> Result<Arch> {
+        architecture(name).map(Arch)
+    }
+    /// The handle of `family`.
+    pub const fn new(family: &'static dyn Architecture) -> Arch {
+        Arch(family)
+    }
+    /// The GGUF spelling of the family (the metadata key prefix).
+    pub fn name(self) -> &'static str {
+        self.0.name()
+    }
+    /// The family's rules.
+    pub fn family(self) -> &'static dyn Architecture {
+        self.0
     }
 }
 
-/// Which optional per-layer tensors an architecture requires (beyond the
-/// attention and FFN matrices and the two pre-norms every family has).
+impl std::ops::Deref for Arch {
+    type Target = dyn Architecture;
+    fn deref(&self) -> &Self::Target {
+        self.0
+    }
+}
+
+impl PartialEq for Arch {
+    fn eq(&self, other: &Arch) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Arch {}
+
+impl PartialEq<&str> for Arch {
+    fn eq(&self, other: &&str) -> bool {
+        self.name() == *other
+    }
+}
+
+impl std::hash::Hash for Arch {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name().hash(state);
+    }
+}
+
+impl std::fmt::Debug for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Arch({})", self.name())
+    }
+}
+
+impl std::fmt::Display for Arch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a running layer sees of its weights, whatever the residency mode:
+/// the runtime hands matrices out of the mapping, a read buffer, a
+/// row-chunked stream or a dense copy.
+pub trait LayerTensors {
+    /// A matrix of the layer ([`Role::is_matrix`]), if it holds one.
+    fn matrix(&self, role: Role) -> Option<Weight<'_>>;
+    /// A small tensor of the layer as f32 values, if it holds one.
+    fn vector(&self, role: Role) -> Option<&[f32]>;
+}
+
+/// The matrix `role` of layer `layer`, or an error naming it.
+pub fn require_matrix<'t>(t: &'t dyn LayerTensors, layer: usize, role: Role) -> Result<Weight<'t>> {
+    t.matrix(role).ok_or(ModelError::MissingLayerTensor {
+        layer,
+        tensor: role.suffix(),
+    })
+}
+
+/// The vector `role` of layer `layer`, or an error naming it.
+pub fn require_vector(t: &dyn LayerTensors, layer: usize, role: Role) -> Result<&[f32]> {
+    t.vector(role).ok_or(ModelError::MissingLayerTensor {
+        layer,
+        tensor: role.suffix(),
+    })
+}
+
+/// Which memory a layer keeps per sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LayerTensorRules {
-    /// `attn.q.bias`, `attn.k.bias`, `attn.v.bias`.
-    pub qkv_bias: bool,
-    /// `attn.q_norm`, `attn.k_norm`.
-    pub qk_norm: bool,
-    /// `post_attn_norm`, `post_ffn_norm`.
-    pub sandwich_norms: bool,
+pub enum MemoryKind {
+    /// A key/value cache (attention layers).
+    Kv,
+    /// A fixed-size recurrent state (Qwen3.5's delta-net layers).
+    Recurrent,
 }
 
-/// The per-layer tensor rules of `arch`.
-pub fn layer_tensor_rules(arch: Arch) -> LayerTensorRules {
-    match arch {
-        Arch::Llama => LayerTensorRules {
-            qkv_bias: false,
-            qk_norm: false,
-            sandwich_norms: false,
-        },
-        Arch::Qwen2 => LayerTensorRules {
-            qkv_bias: true,
-            qk_norm: false,
-            sandwich_norms: false,
-        },
-        Arch::Qwen3 => LayerTensorRules {
-            qkv_bias: false,
-            qk_norm: true,
-            sandwich_norms: false,
-        },
-        Arch::Gemma3 => LayerTensorRules {
-            qkv_bias: false,
-            qk_norm: true,
-            sandwich_norms: true,
-        },
-        // Per-layer tensors of the hybrid stack: see `qwen35::layer_roles`.
-        Arch::Qwen35 => LayerTensorRules {
-            qkv_bias: false,
-            qk_norm: true,
-            sandwich_norms: false,
-        },
-    }
+/// The key/value cache of one layer of one sequence.
+pub trait LayerKv {
+    /// Store the keys and values (`positions.len()` rows of `kv_dim` each)
+    /// of new tokens; an error when there is no room.
+    fn write(&mut self, positions: &[usize], k: &[f32], v: &[f32]) -> Result<()>;
+    /// Cached keys, `n_slots × kv_dim`.
+    fn keys(&self) -> KvSlice<'_>;
+    /// Cached values, `n_slots × kv_dim`.
+    fn values(&self) -> KvSlice<'_>;
+    /// Absolute position held by each slot (`usize::MAX` when empty).
+    fn slot_positions(&self) -> &[usize];
+}
+
+/// Per-sequence memory of one layer for one run of tokens.
+pub enum LayerMemory<'s> {
+    Kv(&'s mut dyn LayerKv),
+    Recurrent(&'s mut DeltaNetState),
+}
+
+/// The tokens of one sequence inside a step, and that sequence's memory of
+/// the layer.
+pub struct Segment<'s> {
+    /// Rows of the step's token batch that belong to this sequence.
+    pub tokens: Range<usize>,
+    pub memory: LayerMemory<'s>,
 }
 
 /// The hyperparameters every family stores under the same GGUF keys.
-pub(crate) fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
+pub fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
     let n_layer = keys.require_usize("block_count")?;
     let n_embd = keys.require_usize("embedding_length")?;
     let n_ff = keys
@@ -111,7 +269,7 @@ pub(crate) fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfi
         .and_then(|v| v.first().copied())
         .map_or(n_head, |v| v as usize);
     if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
-        return Err(crate::ModelError::BadValue {
+        return Err(ModelError::BadValue {
             key: format!("{}.attention.head_count_kv", keys.arch),
             what: format!("{n_kv_head} KV heads do not divide {n_head} query heads"),
         });
@@ -155,15 +313,15 @@ pub(crate) fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfi
     })
 }
 
-fn keys_missing(keys: &GgufKeys, key: &str) -> crate::ModelError {
-    crate::ModelError::MissingKey {
+fn keys_missing(keys: &GgufKeys, key: &str) -> ModelError {
+    ModelError::MissingKey {
         arch: keys.arch.to_string(),
         key: format!("{}.{}", keys.arch, key),
     }
 }
 
 /// The hyperparameters every family stores under the same `config.json` keys.
-pub(crate) fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
+pub fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
     let n_layer = keys.require_usize("num_hidden_layers")?;
     let n_embd = keys.require_usize("hidden_size")?;
     let n_head = keys.require_usize("num_attention_heads")?;
@@ -171,7 +329,7 @@ pub(crate) fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         .u64("num_key_value_heads")
         .map_or(n_head, |v| v as usize);
     if n_head == 0 || n_kv_head == 0 || n_head % n_kv_head != 0 {
-        return Err(crate::ModelError::BadValue {
+        return Err(ModelError::BadValue {
             key: "num_key_value_heads".into(),
             what: format!("{n_kv_head} KV heads do not divide {n_head} query heads"),
         });
@@ -206,7 +364,3 @@ pub(crate) fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         delta_net: None,
     })
 }
-
-/// `RopeScaling::None` helper for families that never scale.
-#[allow(dead_code)]
-pub(crate) const NO_SCALING: RopeScaling = RopeScaling::None;

@@ -2,17 +2,31 @@
 //! every query and key head before RoPE; the head dimension comes from
 //! `attention.key_length` (it is not `n_embd / n_head`).
 
-use crate::config::{Arch, GgufKeys, HfKeys, ModelConfig, RopeLayout};
+use super::decoder::{self, DecoderLayout};
+use super::{Arch, Architecture, Need, Role};
+use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::Result;
 
-/// Qwen3 hyperparameters from GGUF metadata.
-pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_gguf(Arch::Qwen3, keys)?;
-    cfg.rope_layout = RopeLayout::Neox;
-    Ok(cfg)
-}
+/// The Qwen3 family.
+#[derive(Debug)]
+pub struct Qwen3;
 
-/// Qwen3 hyperparameters from `config.json`.
-pub fn config_from_hf(keys: &HfKeys) -> Result<ModelConfig> {
-    super::common_from_hf(Arch::Qwen3, keys)
+impl Architecture for Qwen3 {
+    fn name(&self) -> &'static str {
+        "qwen3"
+    }
+    fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
+        let mut cfg = super::common_from_gguf(Arch::new(&Qwen3), keys)?;
+        cfg.rope_layout = RopeLayout::Neox;
+        Ok(cfg)
+    }
+    fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
+        super::common_from_hf(Arch::new(&Qwen3), keys)
+    }
+    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(DecoderLayout {
+            qk_norm: true,
+            ..DecoderLayout::default()
+        })
+    }
 }

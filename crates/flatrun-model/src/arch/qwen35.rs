@@ -19,64 +19,109 @@
 //! (`rope.dimension_sections`); for text every axis holds the token's
 //! position, which makes it exactly NeoX RoPE over the rotated dimensions.
 
-use super::decoder::{Clock, LayerKv, LayerPlan, Op, OpObserver};
-use super::delta_net::{
-    self, project, DeltaNetConfig, DeltaNetScratch, DeltaNetSegment, DeltaNetState, DeltaNetWeights,
+use super::decoder::{
+    Clock, FfnTensors, LayerPlan, LayerScratch, Op, OpObserver, attention_core, check_hidden,
+    ffn_block, wrong_memory,
 };
-use crate::config::{Arch, GgufKeys, HfKeys, ModelConfig, RopeLayout};
+use super::delta_net::{self, DeltaNetConfig, DeltaNetSegment, DeltaNetWeights, project};
+use super::{
+    Arch, Architecture, LayerMemory, LayerTensors, MemoryKind, Need, Role, Segment, require_matrix,
+    require_vector,
+};
+use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
-use flatrun_kernels::{ops, Kernels, Weight};
-use std::ops::Range;
+use flatrun_kernels::{Kernels, Weight, ops};
 use std::time::Instant;
 
 /// Full-attention layer interval when the checkpoint does not say.
 pub const DEFAULT_FULL_ATTENTION_INTERVAL: usize = 4;
 
-/// Per-layer tensor roles of a delta-net layer.
-pub const DELTA_NET_ROLES: &[&str] = &[
-    "attn_norm",
-    "attn.qkv",
-    "attn.gate",
-    "ssm.conv1d",
-    "ssm.dt.bias",
-    "ssm.a",
-    "ssm.alpha",
-    "ssm.beta",
-    "ssm.norm",
-    "ssm.out",
-    "post_attn_norm",
-    "ffn.gate",
-    "ffn.up",
-    "ffn.down",
-];
+/// The Qwen3.5 family.
+#[derive(Debug)]
+pub struct Qwen35;
 
-/// Per-layer tensor roles of a gated full-attention layer.
-pub const ATTENTION_ROLES: &[&str] = &[
-    "attn_norm",
-    "attn.q",
-    "attn.k",
-    "attn.v",
-    "attn.o",
-    "attn.q_norm",
-    "attn.k_norm",
-    "post_attn_norm",
-    "ffn.gate",
-    "ffn.up",
-    "ffn.down",
-];
-
-/// The tensor roles of layer `il`.
-pub fn layer_roles(cfg: &ModelConfig, il: usize) -> &'static [&'static str] {
-    if cfg.is_recurrent(il) {
-        DELTA_NET_ROLES
-    } else {
-        ATTENTION_ROLES
+impl Architecture for Qwen35 {
+    fn name(&self) -> &'static str {
+        "qwen35"
+    }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["qwen3_5", "qwen3_5_text"]
+    }
+    fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
+        config_from_gguf(keys)
+    }
+    fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
+        config_from_hf(keys)
+    }
+    fn layer_roles(&self, cfg: &ModelConfig, il: usize) -> Vec<(Role, Need)> {
+        let roles = if cfg.is_recurrent(il) {
+            DELTA_NET_ROLES
+        } else {
+            ATTENTION_ROLES
+        };
+        roles.iter().map(|&r| (r, Need::Required)).collect()
+    }
+    fn layer_memory(&self, cfg: &ModelConfig, il: usize) -> MemoryKind {
+        if cfg.is_recurrent(il) {
+            MemoryKind::Recurrent
+        } else {
+            MemoryKind::Kv
+        }
+    }
+    fn forward_layer(
+        &self,
+        cfg: &ModelConfig,
+        plan: &LayerPlan,
+        tensors: &dyn LayerTensors,
+        hidden: &mut [f32],
+        positions: &[usize],
+        segments: &mut [Segment],
+        kernels: &dyn Kernels,
+        scratch: &mut LayerScratch,
+        observer: &mut dyn OpObserver,
+    ) -> Result<()> {
+        forward_layer(
+            cfg, plan, tensors, hidden, positions, segments, kernels, scratch, observer,
+        )
     }
 }
 
+/// The tensors of a delta-net layer, matrices in the order it multiplies them.
+pub const DELTA_NET_ROLES: &[Role] = &[
+    Role::AttnNorm,
+    Role::AttnQkv,
+    Role::AttnGate,
+    Role::SsmConv1d,
+    Role::SsmDtBias,
+    Role::SsmA,
+    Role::SsmAlpha,
+    Role::SsmBeta,
+    Role::SsmNorm,
+    Role::SsmOut,
+    Role::PostAttnNorm,
+    Role::FfnGate,
+    Role::FfnUp,
+    Role::FfnDown,
+];
+
+/// The tensors of a gated full-attention layer.
+pub const ATTENTION_ROLES: &[Role] = &[
+    Role::AttnNorm,
+    Role::AttnQ,
+    Role::AttnK,
+    Role::AttnV,
+    Role::AttnO,
+    Role::AttnQNorm,
+    Role::AttnKNorm,
+    Role::PostAttnNorm,
+    Role::FfnGate,
+    Role::FfnUp,
+    Role::FfnDown,
+];
+
 /// Qwen3.5 hyperparameters from GGUF metadata.
 pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_gguf(Arch::Qwen35, keys)?;
+    let mut cfg = super::common_from_gguf(Arch::new(&Qwen35), keys)?;
     cfg.rope_layout = RopeLayout::Neox;
     let n_layer = cfg.n_layer;
     let recurrent_layers = match keys.bool_array("attention.recurrent_layers") {
@@ -117,89 +162,39 @@ pub fn config_from_hf(keys: &HfKeys) -> Result<ModelConfig> {
             "{} (Hugging Face SafeTensors; Qwen3.5 runs from GGUF only)",
             keys.arch
         ),
-        supported: Arch::SUPPORTED.to_vec(),
+        supported: super::supported(),
     })
 }
 
 /// The weights of a gated full-attention layer's mixer.
 #[derive(Clone, Copy, Debug)]
-pub struct GatedAttentionWeights<'a> {
+struct GatedAttentionWeights<'a> {
     /// `attn_q`: `2 · n_head · head_dim × n_embd` (query and gate per head).
-    pub q: Weight<'a>,
-    pub k: Weight<'a>,
-    pub v: Weight<'a>,
-    pub o: Weight<'a>,
-    pub q_norm: &'a [f32],
-    pub k_norm: &'a [f32],
+    q: Weight<'a>,
+    k: Weight<'a>,
+    v: Weight<'a>,
+    o: Weight<'a>,
+    q_norm: &'a [f32],
+    k_norm: &'a [f32],
 }
 
-/// The token mixer of a layer.
-#[derive(Clone, Copy, Debug)]
-pub enum Mixer<'a> {
-    Attention(GatedAttentionWeights<'a>),
-    DeltaNet(DeltaNetWeights<'a>),
-}
-
-/// The weights of one Qwen3.5 layer.
-#[derive(Clone, Copy, Debug)]
-pub struct Qwen35LayerWeights<'a> {
-    pub attn_norm: &'a [f32],
-    pub mixer: Mixer<'a>,
-    /// `post_attention_norm`: the norm in front of the FFN.
-    pub ffn_norm: &'a [f32],
-    pub gate: Weight<'a>,
-    pub up: Weight<'a>,
-    pub down: Weight<'a>,
-}
-
-/// What a layer keeps per sequence: a KV cache (attention layers) or a
-/// recurrent state (delta-net layers).
-pub enum LayerMemory<'s> {
-    Kv(&'s mut dyn LayerKv),
-    Recurrent(&'s mut DeltaNetState),
-}
-
-/// The tokens of one sequence inside a step, and that sequence's memory of
-/// this layer.
-pub struct HybridSegment<'s> {
-    /// Rows of the step's token batch that belong to this sequence.
-    pub tokens: Range<usize>,
-    pub memory: LayerMemory<'s>,
-}
-
-/// Activation buffers of a Qwen3.5 layer step, grown on demand.
-#[derive(Debug, Default)]
-pub struct Qwen35Scratch {
-    xb: Vec<f32>,
-    mixed: Vec<f32>,
-    q_gate: Vec<f32>,
-    q: Vec<f32>,
-    gate: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    att: Vec<f32>,
-    ffn_gate: Vec<f32>,
-    ffn_up: Vec<f32>,
-    delta_net: DeltaNetScratch,
-}
-
-fn grow(b: &mut Vec<f32>, len: usize) -> &mut [f32] {
-    if b.len() < len {
-        b.resize(len, 0.0);
-    }
-    &mut b[..len]
+/// A delta-net layer's mixer weights by role.
+fn delta_net_weights<'a>(t: &'a dyn LayerTensors, layer: usize) -> Result<DeltaNetWeights<'a>> {
+    Ok(DeltaNetWeights {
+        qkv: require_matrix(t, layer, Role::AttnQkv)?,
+        z: require_matrix(t, layer, Role::AttnGate)?,
+        alpha: require_matrix(t, layer, Role::SsmAlpha)?,
+        beta: require_matrix(t, layer, Role::SsmBeta)?,
+        out: require_matrix(t, layer, Role::SsmOut)?,
+        conv1d: require_vector(t, layer, Role::SsmConv1d)?,
+        dt_bias: require_vector(t, layer, Role::SsmDtBias)?,
+        a: require_vector(t, layer, Role::SsmA)?,
+        norm: require_vector(t, layer, Role::SsmNorm)?,
+    })
 }
 
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + (-x).exp())
-}
-
-fn wrong_memory(layer: usize, want: &str) -> ModelError {
-    ModelError::Kernel {
-        layer,
-        op: "memory",
-        what: format!("layer {layer} needs a {want} for every sequence"),
-    }
 }
 
 /// Run Qwen3.5 layer `plan.index` on `hidden` (`n × n_embd`, updated in
@@ -208,121 +203,137 @@ fn wrong_memory(layer: usize, want: &str) -> ModelError {
 pub fn forward_layer(
     cfg: &ModelConfig,
     plan: &LayerPlan,
-    w: &Qwen35LayerWeights,
+    t: &dyn LayerTensors,
     hidden: &mut [f32],
     positions: &[usize],
-    segments: &mut [HybridSegment],
+    segments: &mut [Segment],
     kernels: &dyn Kernels,
-    scratch: &mut Qwen35Scratch,
+    scratch: &mut LayerScratch,
     obs: &mut dyn OpObserver,
 ) -> Result<()> {
     let layer = plan.index;
     let n = positions.len();
-    let (d, eps) = (cfg.n_embd, cfg.rms_eps);
-    if hidden.len() != n * d {
-        return Err(ModelError::Kernel {
-            layer,
-            op: "input",
-            what: format!(
-                "hidden has {} values for {n} tokens of width {d}",
-                hidden.len()
-            ),
-        });
-    }
+    let (d, ff, eps, offset) = (cfg.n_embd, cfg.n_ff, cfg.rms_eps, cfg.norm_weight_offset);
+    check_hidden(cfg, layer, hidden, n)?;
+    let attn_norm = require_vector(t, layer, Role::AttnNorm)?;
+    let ffn = FfnTensors {
+        // GGUF `post_attention_norm`: the norm in front of the FFN.
+        norm: require_vector(t, layer, Role::PostAttnNorm)?,
+        gate: require_matrix(t, layer, Role::FfnGate)?,
+        up: require_matrix(t, layer, Role::FfnUp)?,
+        down: require_matrix(t, layer, Role::FfnDown)?,
+        post_norm: None,
+    };
+    scratch.reserve(cfg, n);
+    let LayerScratch {
+        xb,
+        q,
+        k,
+        v,
+        att,
+        proj,
+        gate,
+        up,
+        q_gate,
+        attn_gate,
+        delta_net: dn_scratch,
+    } = scratch;
+    let xb = &mut xb[..n * d];
+    let mixed = &mut proj[..n * d];
     let mut clock = Clock { obs, layer };
 
     // ---- token mixer ----
     // xb = rmsnorm(h) · attn_norm
-    let xb = grow(&mut scratch.xb, n * d);
     clock.time(Op::Norm, || {
         xb.copy_from_slice(hidden);
-        ops::rms_norm_rows(xb, d, w.attn_norm, eps, 0.0);
+        ops::rms_norm_rows(xb, d, attn_norm, eps, offset);
     });
-    // mixed = gated_attention(xb) or gated_delta_net(xb)
-    let mixed = grow(&mut scratch.mixed, n * d);
-    match &w.mixer {
-        Mixer::Attention(aw) => {
-            let bufs = AttentionBuffers {
-                q_gate: &mut scratch.q_gate,
-                q: &mut scratch.q,
-                gate: &mut scratch.gate,
-                k: &mut scratch.k,
-                v: &mut scratch.v,
-                att: &mut scratch.att,
-            };
-            gated_attention(
-                cfg, plan, aw, xb, positions, segments, kernels, bufs, &mut clock, mixed,
-            )?
-        }
-        Mixer::DeltaNet(dw) => {
-            let Some(dcfg) = cfg.delta_net.as_ref() else {
-                return Err(ModelError::Kernel {
-                    layer,
-                    op: "delta_net",
-                    what: "the config has no delta-net shape".into(),
-                });
-            };
-            let mut states = Vec::with_capacity(segments.len());
-            for seg in segments.iter_mut() {
-                match &mut seg.memory {
-                    LayerMemory::Recurrent(state) => states.push(DeltaNetSegment {
-                        tokens: seg.tokens.clone(),
-                        state,
-                    }),
-                    LayerMemory::Kv(_) => return Err(wrong_memory(layer, "recurrent state")),
-                }
-            }
-            let start = Instant::now();
-            delta_net::forward(
-                dcfg,
-                eps,
+    // mixed = gated_delta_net(xb) or gated_attention(xb)
+    if cfg.is_recurrent(layer) {
+        let Some(dcfg) = cfg.delta_net.as_ref() else {
+            return Err(ModelError::Kernel {
                 layer,
-                dw,
-                xb,
-                n,
-                &mut states,
-                kernels,
-                &mut scratch.delta_net,
-                mixed,
-            )?;
-            clock.obs.record(layer, Op::Attention, start.elapsed());
+                op: "delta_net",
+                what: "the config has no delta-net shape".into(),
+            });
+        };
+        let dw = delta_net_weights(t, layer)?;
+        let mut states = Vec::with_capacity(segments.len());
+        for seg in segments.iter_mut() {
+            match &mut seg.memory {
+                LayerMemory::Recurrent(state) => states.push(DeltaNetSegment {
+                    tokens: seg.tokens.clone(),
+                    state,
+                }),
+                LayerMemory::Kv(_) => return Err(wrong_memory(layer, "recurrent state")),
+            }
         }
+        let start = Instant::now();
+        delta_net::forward(
+            dcfg,
+            eps,
+            layer,
+            &dw,
+            xb,
+            n,
+            &mut states,
+            kernels,
+            dn_scratch,
+            mixed,
+        )?;
+        clock.obs.record(layer, Op::Attention, start.elapsed());
+    } else {
+        let aw = GatedAttentionWeights {
+            q: require_matrix(t, layer, Role::AttnQ)?,
+            k: require_matrix(t, layer, Role::AttnK)?,
+            v: require_matrix(t, layer, Role::AttnV)?,
+            o: require_matrix(t, layer, Role::AttnO)?,
+            q_norm: require_vector(t, layer, Role::AttnQNorm)?,
+            k_norm: require_vector(t, layer, Role::AttnKNorm)?,
+        };
+        let (qd, kvd) = (cfg.q_dim(), cfg.kv_dim());
+        let bufs = AttentionBuffers {
+            q_gate: grow_slice(q_gate, n * 2 * qd),
+            q: &mut q[..n * qd],
+            gate: grow_slice(attn_gate, n * qd),
+            k: &mut k[..n * kvd],
+            v: &mut v[..n * kvd],
+            att: &mut att[..n * qd],
+        };
+        gated_attention(
+            cfg, plan, &aw, xb, positions, segments, kernels, bufs, &mut clock, mixed,
+        )?;
     }
     // h = h + mixed
     clock.time(Op::Residual, || ops::add(hidden, mixed));
 
     // ---- feed-forward block ----
-    // xb = rmsnorm(h) · post_attention_norm
-    clock.time(Op::Norm, || {
-        xb.copy_from_slice(hidden);
-        ops::rms_norm_rows(xb, d, w.ffn_norm, eps, 0.0);
-    });
-    // gate = xb·Wgateᵀ ; up = xb·Wupᵀ
-    let gate = grow(&mut scratch.ffn_gate, n * cfg.n_ff);
-    let up = grow(&mut scratch.ffn_up, n * cfg.n_ff);
-    clock.try_time(Op::FfnUpMatmul, || {
-        project(kernels, &w.gate, xb, n, gate, layer, "ffn.gate")?;
-        project(kernels, &w.up, xb, n, up, layer, "ffn.up")
-    })?;
-    // gate = silu(gate) ⊙ up
-    clock.time(Op::Activation, || ops::swiglu(gate, up));
-    // mixed = gate·Wdownᵀ
-    clock.try_time(Op::FfnDownMatmul, || {
-        project(kernels, &w.down, gate, n, mixed, layer, "ffn.down")
-    })?;
-    // h = h + mixed
-    clock.time(Op::Residual, || ops::add(hidden, mixed));
-    Ok(())
+    ffn_block(
+        cfg,
+        layer,
+        &ffn,
+        hidden,
+        xb,
+        &mut gate[..n * ff],
+        &mut up[..n * ff],
+        mixed,
+        kernels,
+        &mut clock,
+    )
 }
 
-/// Buffers of the gated attention mixer.
+fn grow_slice(b: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    super::decoder::grow(b, len)
+}
+
+/// Buffers of the gated attention mixer, sized for the step.
 struct AttentionBuffers<'b> {
-    q_gate: &'b mut Vec<f32>,
-    q: &'b mut Vec<f32>,
-    gate: &'b mut Vec<f32>,
-    k: &'b mut Vec<f32>,
-    v: &'b mut Vec<f32>,
-    att: &'b mut Vec<f32>,
+    q_gate: &'b mut [f32],
+    q: &'b mut [f32],
+    gate: &'b mut [f32],
+    k: &'b mut [f32],
+    v: &'b mut [f32],
+    att: &'b mut [f32],
 }
 
 /// The gated full-attention mixer: writes `out` (`n × n_embd`).
@@ -333,7 +344,7 @@ fn gated_attention(
     w: &GatedAttentionWeights,
     xb: &[f32],
     positions: &[usize],
-    segments: &mut [HybridSegment],
+    segments: &mut [Segment],
     kernels: &dyn Kernels,
     bufs: AttentionBuffers,
     clock: &mut Clock,
@@ -341,13 +352,15 @@ fn gated_attention(
 ) -> Result<()> {
     let layer = plan.index;
     let n = positions.len();
-    let (hd, qd, kvd, eps) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim(), cfg.rms_eps);
-    let q_gate = grow(bufs.q_gate, n * 2 * qd);
-    let q = grow(bufs.q, n * qd);
-    let gate = grow(bufs.gate, n * qd);
-    let k = grow(bufs.k, n * kvd);
-    let v = grow(bufs.v, n * kvd);
-    let att = grow(bufs.att, n * qd);
+    let hd = cfg.head_dim;
+    let AttentionBuffers {
+        q_gate,
+        q,
+        gate,
+        k,
+        v,
+        att,
+    } = bufs;
 
     // [q | gate] = xb·W_qᵀ ; k = xb·W_kᵀ ; v = xb·W_vᵀ
     clock.try_time(Op::QkvMatmul, || {
@@ -363,48 +376,19 @@ fn gated_attention(
         qh.copy_from_slice(&src[..hd]);
         gh.copy_from_slice(&src[hd..]);
     }
-    // q, k = rmsnorm per head
-    clock.time(Op::Norm, || {
-        ops::rms_norm_rows(q, hd, w.q_norm, eps, 0.0);
-        ops::rms_norm_rows(k, hd, w.k_norm, eps, 0.0);
-    });
-    // q, k = rope(q, k, position)
-    clock.time(Op::Rope, || {
-        ops::rope(q, cfg.n_head, hd, positions, &plan.rope);
-        ops::rope(k, cfg.n_kv_head, hd, positions, &plan.rope);
-    });
-    // cache[pos] = (k, v), per sequence
-    clock.try_time(Op::KvWrite, || {
-        for seg in segments.iter_mut() {
-            let r = seg.tokens.clone();
-            let LayerMemory::Kv(kv) = &mut seg.memory else {
-                return Err(wrong_memory(layer, "KV cache"));
-            };
-            kv.write(
-                &positions[r.clone()],
-                &k[r.start * kvd..r.end * kvd],
-                &v[r.start * kvd..r.end * kvd],
-            )?;
-        }
-        Ok(())
-    })?;
-    // att = softmax(q·kᵀ · scale + causal mask) · v, per sequence
-    clock.time(Op::Attention, || {
-        for seg in segments.iter() {
-            let r = seg.tokens.clone();
-            if let LayerMemory::Kv(kv) = &seg.memory {
-                ops::attention(
-                    &q[r.start * qd..r.end * qd],
-                    &positions[r.clone()],
-                    kv.keys(),
-                    kv.values(),
-                    kv.slot_positions(),
-                    &plan.attn,
-                    &mut att[r.start * qd..r.end * qd],
-                );
-            }
-        }
-    });
+    // att = attention(rmsnorm(q), rmsnorm(k), v) over each sequence's cache
+    attention_core(
+        cfg,
+        plan,
+        Some((w.q_norm, w.k_norm)),
+        q,
+        k,
+        v,
+        positions,
+        segments,
+        att,
+        clock,
+    )?;
     // att = att ⊙ sigmoid(gate)
     for (a, &g) in att.iter_mut().zip(gate.iter()) {
         *a *= sigmoid(g);

@@ -15,8 +15,8 @@ use std::sync::Mutex;
 use minijinja::value::ValueKind;
 use minijinja::{AutoEscape, Output, State, Value};
 
-use super::guard::too_large;
 use super::TemplateLimits;
+use super::guard::too_large;
 
 /// Sizes of the open buffers and the render's total.
 #[derive(Debug)]

@@ -18,7 +18,7 @@ use std::sync::{Arc, OnceLock};
 use minijinja::value::ValueKind;
 use minijinja::{Environment, ErrorKind, Expression, Value};
 
-use super::budget::{text_len_within, Budget};
+use super::budget::{Budget, text_len_within};
 use super::sandbox::{ADD_FN, CHECK_FN, CLOSE_FN, CONCAT_FN, MUL_FN, OPEN_FN};
 
 /// Marker that tells size-limit errors apart from other render errors.
@@ -165,8 +165,8 @@ pub(crate) fn add_guards(
     limits: super::TemplateLimits,
     budget: Arc<Budget>,
 ) {
-    use minijinja::value::{Kwargs, Rest};
     use minijinja::State;
+    use minijinja::value::{Kwargs, Rest};
     let (max_bytes, max_items) = (limits.max_string_bytes, limits.max_items);
     let none = || Value::from(());
     // Captures and macro calls.

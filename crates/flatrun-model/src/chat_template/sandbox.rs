@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 
 use minijinja::machinery::ast::{self, CallArg, Expr, Stmt};
-use minijinja::machinery::{parse, CodeGenerator, Instruction, Instructions, WhitespaceConfig};
+use minijinja::machinery::{CodeGenerator, Instruction, Instructions, WhitespaceConfig, parse};
 use minijinja::syntax::SyntaxConfig;
 use minijinja::{ErrorKind, Value};
 
@@ -87,14 +87,14 @@ fn check_constants(template: &Stmt<'_>, limit: usize) -> Result<(), minijinja::E
     let mut operators = Vec::new();
     visit_stmt(template, &mut operators);
     for expr in operators {
-        if let Some(size) = constant_size(expr) {
-            if size.peak > limit as u128 {
-                return Err(super::guard::too_large(format!(
-                    "a constant expression would build {} bytes (limit {limit}){}",
-                    size.peak,
-                    line_suffix(expr)
-                )));
-            }
+        if let Some(size) = constant_size(expr)
+            && size.peak > limit as u128
+        {
+            return Err(super::guard::too_large(format!(
+                "a constant expression would build {} bytes (limit {limit}){}",
+                size.peak,
+                line_suffix(expr)
+            )));
         }
     }
     Ok(())
@@ -402,10 +402,10 @@ fn instrument<'s>(old: &Instructions<'s>) -> Instructions<'s> {
     // body's own code targets its first instruction).
     let mut macro_entry = vec![false; count + 1];
     for index in 0..count {
-        if let Some(Instruction::BuildMacro(_, entry, _)) = original(index) {
-            if let Some(flag) = macro_entry.get_mut(*entry as usize) {
-                *flag = true;
-            }
+        if let Some(Instruction::BuildMacro(_, entry, _)) = original(index)
+            && let Some(flag) = macro_entry.get_mut(*entry as usize)
+        {
+            *flag = true;
         }
     }
     let expanded: Vec<Vec<Instruction<'s>>> = (0..count)

@@ -22,12 +22,12 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use super::TokenizerError;
 use super::byte_level::byte_to_char;
 use super::hash::FastMap;
 use super::pre_tokenizer::PreTokenizerSpec;
 use super::splitter::Splitter;
 use super::vocab::Vocab;
-use super::TokenizerError;
 
 /// A byte-level BPE text encoder (special tokens are handled by the caller).
 pub(crate) struct ByteLevelBpe {

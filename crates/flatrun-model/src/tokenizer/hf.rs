@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::vocab::{TokenKind, Vocab};
-use super::{render_piece, Engine, PieceStyle, SpecialTokens, Tokenizer, TokenizerError};
+use super::{Engine, PieceStyle, SpecialTokens, Tokenizer, TokenizerError, render_piece};
 
 pub(crate) fn from_hf_dir(dir: &Path) -> Result<Tokenizer, TokenizerError> {
     let tokenizer_path = dir.join("tokenizer.json");

@@ -133,10 +133,10 @@ impl SpecialTokens {
                 let Some(candidate) = text.get(at..at + len) else {
                     continue;
                 };
-                if let Some(&pos) = self.position.get(candidate) {
-                    if parse_special || !self.by_length[pos].needs_parse_special {
-                        found.insert(pos);
-                    }
+                if let Some(&pos) = self.position.get(candidate)
+                    && (parse_special || !self.by_length[pos].needs_parse_special)
+                {
+                    found.insert(pos);
                 }
             }
         }

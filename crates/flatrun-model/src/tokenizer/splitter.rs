@@ -27,10 +27,10 @@ impl Splitter {
     /// Compile `pattern` on the `regex` crate when it can match it exactly
     /// like Oniguruma, on Oniguruma otherwise.
     pub fn new(pattern: &str) -> Result<Splitter, String> {
-        if only_escaped_anchors(pattern) {
-            if let Ok(regex) = regex::Regex::new(pattern) {
-                return Ok(Splitter::Dfa(regex));
-            }
+        if only_escaped_anchors(pattern)
+            && let Ok(regex) = regex::Regex::new(pattern)
+        {
+            return Ok(Splitter::Dfa(regex));
         }
         SysRegex::new(pattern)
             .map(Splitter::Oniguruma)

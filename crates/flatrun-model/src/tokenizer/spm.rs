@@ -72,10 +72,10 @@ impl SentencePiece {
         for text in vocab.texts.iter() {
             let mut previous: Option<char> = None;
             for c in text.chars() {
-                if let Some(p) = previous.filter(|&p| c == SPACE && p != SPACE) {
-                    if !joined_before_space.contains(&p) {
-                        joined_before_space.push(p);
-                    }
+                if let Some(p) = previous.filter(|&p| c == SPACE && p != SPACE)
+                    && !joined_before_space.contains(&p)
+                {
+                    joined_before_space.push(p);
                 }
                 previous = Some(c);
             }
@@ -245,7 +245,7 @@ pub(crate) fn byte_token(vocab: &Vocab, b: u8) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tokenizer::vocab::{vocab_from_gguf, MetaReader};
+    use crate::tokenizer::vocab::{MetaReader, vocab_from_gguf};
     use flatrun_format::{MetaValue, Metadata};
 
     /// A small vocabulary with tokens that cross a `▁` (`b▁`, `a▁b`) and

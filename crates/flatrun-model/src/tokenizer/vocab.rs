@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use flatrun_format::{MetaValue, Metadata};
 
-use super::text_table::{TextIndex, TextTable};
 use super::TokenizerError;
+use super::text_table::{TextIndex, TextTable};
 
 /// GGUF `tokenizer.ggml.token_type` values.
 pub(crate) mod token_type {
@@ -366,7 +366,7 @@ pub(crate) fn vocab_from_gguf(
             return Err(bad(
                 "tokenizer.ggml.scores",
                 format!("{} scores for {n} tokens", s.len()),
-            ))
+            ));
         }
         None => vec![0.0; n],
     };
@@ -376,7 +376,7 @@ pub(crate) fn vocab_from_gguf(
             return Err(bad(
                 "tokenizer.ggml.token_type",
                 format!("{} types for {n} tokens", t.len()),
-            ))
+            ));
         }
         None => vec![TokenKind::Normal; n],
     };
