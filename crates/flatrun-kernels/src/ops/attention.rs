@@ -125,10 +125,12 @@ mod fused_f16 {
         true
     }
 
+    /// # Safety
+    /// The host must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_avx2(k: &[f16], q: &[f32]) -> f32 {
-        // SAFETY: the caller upholds this function's safety contract (its
-        // `# Safety` section), which every unsafe operation below relies on.
+        // SAFETY: the caller checked AVX2, FMA and F16C (`available`), and every
+        // pointer below is offset by less than `n`, the shorter slice's length.
         unsafe {
             let n = k.len().min(q.len());
             let (kp, qp) = (k.as_ptr(), q.as_ptr());
@@ -209,10 +211,12 @@ mod fused_f16 {
         }
     }
 
+    /// # Safety
+    /// The host must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy_avx2(v: &[f16], p: f32, acc: &mut [f32]) {
-        // SAFETY: the caller upholds this function's safety contract (its
-        // `# Safety` section), which every unsafe operation below relies on.
+        // SAFETY: the caller checked AVX2, FMA and F16C (`available`), and every
+        // pointer below is offset by less than `n`, the shorter slice's length.
         unsafe {
             let n = v.len().min(acc.len());
             let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
