@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use flatrun_dequant::{dequantize, validate, GgmlType, MlxAffine, ScaleType};
+use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
+use flatrun_dequant::{GgmlType, MlxAffine, ScaleType, dequantize, validate};
 
 /// Deterministic pseudo-random bytes (splitmix64).
 fn random_bytes(n: usize, mut state: u64) -> Vec<u8> {

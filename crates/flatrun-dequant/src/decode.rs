@@ -140,6 +140,13 @@ pub fn is_supported(ty: GgmlType) -> bool {
     GgmlType::ALL.contains(&ty)
 }
 
+/// The activation format ggml quantizes to for a dot product with `ty`
+/// weights (the block's [`BlockFormat::DotPartner`]): Q8_0, Q8_1 or Q8_K.
+/// `None` for the plain float and integer types.
+pub fn dot_partner(ty: GgmlType) -> Option<GgmlType> {
+    with_block_type!(ty, B => Some(<<B as BlockFormat>::DotPartner as BlockFormat>::TYPE), _ => None)
+}
+
 /// Number of blocks in `len` bytes of `ty`, or an error when `len` is not a
 /// whole number of blocks.
 pub fn block_count(ty: GgmlType, len: usize) -> Result<usize> {

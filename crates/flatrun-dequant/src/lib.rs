@@ -47,7 +47,9 @@
 // Block structs are read straight from file bytes: their multi-byte fields
 // are little-endian on disk, so the host must be too.
 #[cfg(target_endian = "big")]
-compile_error!("flatrun-dequant reads little-endian GGML/MLX data in place: big-endian hosts are not supported");
+compile_error!(
+    "flatrun-dequant reads little-endian GGML/MLX data in place: big-endian hosts are not supported"
+);
 
 pub mod blocks;
 pub mod decode;
@@ -65,6 +67,6 @@ pub use decode::*;
 pub use error::{DequantError, Result};
 pub use flatrun_format::GgmlType;
 pub use handle::{dequantize_handle, dequantize_handle_rows, dequantize_handle_to_vec};
-pub use inspect::{stats, write_npy_f32, NpyWriter, Stats};
+pub use inspect::{NpyWriter, Stats, stats, write_npy_f32};
 pub use mlx::{MlxAffine, ScaleType};
 pub use quantize::*;

@@ -60,11 +60,7 @@ fn min_max(x: &[f32]) -> (f32, f32) {
 
 /// `1/d`, or 0 when `d` is 0.
 fn inverse(d: f32) -> f32 {
-    if d != 0.0 {
-        1.0 / d
-    } else {
-        0.0
-    }
+    if d != 0.0 { 1.0 / d } else { 0.0 }
 }
 
 /// ggml's `nearest_int`: round to nearest, ties to even, through the f32

@@ -8,9 +8,9 @@
 
 use half::f16;
 
-use crate::blocks::k_quants::{scale_min_k4, K_SCALE_SIZE};
+use crate::blocks::k_quants::{K_SCALE_SIZE, scale_min_k4};
 use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
-use crate::quantize::{nearest_int, BlockQuantizer};
+use crate::quantize::{BlockQuantizer, nearest_int};
 
 /// ggml's `GROUP_MAX_EPS`: below this a group counts as all zeros.
 const GROUP_MAX_EPS: f32 = 1e-15;

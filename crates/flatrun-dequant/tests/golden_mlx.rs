@@ -49,8 +49,9 @@ fn mlx_rejects_bad_parameters_and_sizes() {
     // 16 packed bytes = 32 values = one group: scales must be 2 bytes.
     assert!(q.dequantize(&[0; 16], &[0; 4], &[0; 2], &mut out).is_err());
     assert!(q.dequantize(&[0; 15], &[0; 2], &[0; 2], &mut out).is_err());
-    assert!(q
-        .dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out[..31])
-        .is_err());
+    assert!(
+        q.dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out[..31])
+            .is_err()
+    );
     q.dequantize(&[0; 16], &[0; 2], &[0; 2], &mut out).unwrap();
 }

@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use flatrun_dequant::{quantize_to_vec, QUANTIZABLE};
+use flatrun_dequant::{QUANTIZABLE, quantize_to_vec};
 
 #[test]
 fn quantizers_match_ggml_ref() {

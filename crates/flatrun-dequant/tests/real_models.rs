@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use common::*;
-use flatrun_dequant::{dequantize_rows, row_bytes, GgmlType};
+use flatrun_dequant::{GgmlType, dequantize_rows, row_bytes};
 
 const REAL_MODELS: &[&str] = &[
     "SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -159,12 +159,18 @@ impl Buffer {
         };
         assert!(map != libc::MAP_FAILED, "mmap of {map_len} bytes failed");
         let start = (map as usize).next_multiple_of(ALIGN) as *mut u8;
-        let advice = match pages {
-            Pages::Huge => libc::MADV_HUGEPAGE,
-            Pages::Small => libc::MADV_NOHUGEPAGE,
-        };
-        // SAFETY: `start .. start + len` lies inside the mapping made above; advice only.
-        unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
+        // Transparent huge pages are a Linux feature; elsewhere the pages are the system's.
+        #[cfg(target_os = "linux")]
+        {
+            let advice = match pages {
+                Pages::Huge => libc::MADV_HUGEPAGE,
+                Pages::Small => libc::MADV_NOHUGEPAGE,
+            };
+            // SAFETY: `start .. start + len` lies inside the mapping made above; advice only.
+            unsafe { libc::madvise(start as *mut libc::c_void, len, advice) };
+        }
+        #[cfg(not(target_os = "linux"))]
+        let _ = pages;
         Buffer {
             map,
             map_len,

@@ -9,9 +9,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{backend, BackendKind, Weight, WeightFormat};
+use flatrun_kernels::{BackendKind, Weight, WeightFormat, backend};
 use half::f16;
 
 /// (rows, cols) of real projections (rows = output features): SmolLM2 FFN down (576×1536),

@@ -60,10 +60,10 @@ fn main() {
         if cols % t.block_size() != 0 {
             continue;
         }
-        if let Some(only) = &only {
-            if !only.contains(&t.traits().name.to_ascii_lowercase()) {
-                continue;
-            }
+        if let Some(only) = &only
+            && !only.contains(&t.traits().name.to_ascii_lowercase())
+        {
+            continue;
         }
         let n = rows * cols / t.block_size() * t.type_size();
         let mut bytes: Vec<u8> = (0..n)

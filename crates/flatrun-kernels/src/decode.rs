@@ -1,51 +1,10 @@
-//! Row decoding (through flatrun-dequant's bit-exact reference decoders) and
-//! the small block-layout helpers the fused kernels share. Layouts follow
-//! ggml's `ggml-common.h`.
+//! Row decoding through flatrun-dequant's bit-exact reference decoders.
 
 use flatrun_dequant::{DequantError, MlxAffine, ScaleType};
 use flatrun_format::GgmlType;
-use half::f16;
 
-use crate::weight::{Weight, WeightFormat};
 use crate::KernelError;
-
-/// The 16 non-linear levels of IQ4_NL and IQ4_XS.
-pub(crate) const IQ4NL_LEVELS: [i8; 16] = [
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-];
-
-/// Little-endian f16 at `b[i..i+2]` as f32.
-#[inline(always)]
-pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
-    f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// The 6-bit scale and min `j` (0..8) of a Q4_K/Q5_K block's 12 packed scale bytes.
-#[inline(always)]
-pub(crate) fn k4_scale_min(j: usize, s: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (s[j] & 63, s[j + 4] & 63)
-    } else {
-        (
-            (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4),
-            (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
-        )
-    }
-}
-
-/// The 16 signed 6-bit scales of a Q3_K block (stored as 12 bytes), without the −32 offset removed.
-#[inline(always)]
-pub(crate) fn q3k_scales(s: &[u8]) -> [i8; 16] {
-    let mut out = [0i8; 16];
-    for (j, o) in out.iter_mut().enumerate() {
-        // Low 4 bits: nibble of byte j%8 (low nibble for j<8, high for j>=8);
-        // high 2 bits: 2-bit field j/4.. of bytes 8..12.
-        let low = if j < 8 { s[j] & 0xF } else { s[j - 8] >> 4 };
-        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-        *o = ((low | (high << 4)) as i8) - 32;
-    }
-    out
-}
+use crate::weight::{Weight, WeightFormat};
 
 /// Decode row `r` of `w` into `out` (`w.cols` values) with flatrun-dequant's
 /// reference decoders (bit-exact against ggml).

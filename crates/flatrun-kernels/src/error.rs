@@ -24,7 +24,9 @@ pub enum KernelError {
         got: usize,
     },
     /// The row length is not a whole number of blocks of the format.
-    #[error("weight {format} [{rows} x {cols}]: {cols} columns is not a multiple of the block size {block}")]
+    #[error(
+        "weight {format} [{rows} x {cols}]: {cols} columns is not a multiple of the block size {block}"
+    )]
     RaggedRow {
         format: String,
         rows: usize,

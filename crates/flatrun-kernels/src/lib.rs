@@ -44,7 +44,7 @@ use std::sync::{Arc, OnceLock};
 pub use error::KernelError;
 pub use native::NativeKernels;
 pub use reference::ReferenceKernels;
-pub use simd::{clamp_to_host, simd_level, supported_levels, SimdLevel};
+pub use simd::{SimdLevel, clamp_to_host, simd_level, supported_levels};
 pub use threads::{physical_cores, set_threads, threads};
 pub use weight::{Weight, WeightFormat};
 

@@ -25,9 +25,11 @@ use flatrun_format::GgmlType;
 use crate::check::{check_dequantize, check_matmul};
 use crate::decode::decode_row;
 use crate::native::quantize::QK8;
+use crate::native::{Partner, partner};
 use crate::threads::{parallel_for, threads};
 use crate::weight::WeightFormat;
 use crate::{KernelError, Kernels, Weight};
+use flatrun_dequant::{BlockQ4_1, BlockQ5_1};
 
 use crate::decode::is_supported;
 
@@ -200,31 +202,27 @@ fn dot_body(a: &[f32], b: &[f32]) -> f64 {
 /// (an f16) less the exact sum of the rounded values, which the dot already
 /// counted; else nothing.
 fn round_activations(w: &Weight, x: &[f32]) -> (Vec<f32>, Vec<f64>) {
-    use crate::native::quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K, QK_K};
-    use GgmlType::*;
-    match w.format {
-        WeightFormat::Ggml(t @ (Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q1_0))
-            if x.len().is_multiple_of(QK8) =>
-        {
+    use crate::native::quantize::{BlockQ8, BlockQ8K, QK_K, quantize_q8, quantize_q8k};
+    match (partner(w.format), w.format) {
+        (Partner::Q8, WeightFormat::Ggml(t)) if x.len().is_multiple_of(QK8) => {
             let mut blocks = vec![BlockQ8::default(); x.len() / QK8];
             quantize_q8(x, &mut blocks);
             let values: Vec<f32> = blocks
                 .iter()
                 .flat_map(|b| b.qs.iter().map(move |&q| b.d * q as f32))
                 .collect();
-            let min_terms = match t {
-                Q4_1 | Q5_1 => blocks
+            let min_terms = if has_min(t) {
+                blocks
                     .iter()
                     .zip(values.chunks_exact(QK8))
                     .map(|(b, xb)| b.s as f64 - xb.iter().map(|&v| v as f64).sum::<f64>())
-                    .collect(),
-                _ => Vec::new(),
+                    .collect()
+            } else {
+                Vec::new()
             };
             (values, min_terms)
         }
-        WeightFormat::Ggml(Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS)
-            if x.len().is_multiple_of(QK_K) =>
-        {
+        (Partner::Q8K, WeightFormat::Ggml(_)) if x.len().is_multiple_of(QK_K) => {
             let mut blocks = vec![BlockQ8K::default(); x.len() / QK_K];
             quantize_q8k(x, &mut blocks);
             let values = blocks
@@ -233,11 +231,11 @@ fn round_activations(w: &Weight, x: &[f32]) -> (Vec<f32>, Vec<f64>) {
                 .collect();
             (values, Vec::new())
         }
-        WeightFormat::Ggml(F16) => (
+        (_, WeightFormat::Ggml(GgmlType::F16)) => (
             x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
             Vec::new(),
         ),
-        WeightFormat::Ggml(BF16) => (
+        (_, WeightFormat::Ggml(GgmlType::BF16)) => (
             x.iter()
                 .map(|&v| half::bf16::from_f32(v).to_f32())
                 .collect(),
@@ -247,15 +245,28 @@ fn round_activations(w: &Weight, x: &[f32]) -> (Vec<f32>, Vec<f64>) {
     }
 }
 
-/// The per-32-block mins `m` of row `r` for Q4_1/Q5_1 weights (an f16 at byte 2 of each
-/// block), else nothing.
+/// Whether weights of `t` carry a per-block min that ggml multiplies by the
+/// activations' stored block sum: the formats whose dot partner is Q8_1
+/// (Q4_1, Q5_1).
+fn has_min(t: GgmlType) -> bool {
+    flatrun_dequant::dot_partner(t) == Some(GgmlType::Q8_1)
+}
+
+// Q4_1 and Q5_1 keep their min at the same offset, which `block_mins` relies on.
+const MIN_OFFSET: usize = BlockQ4_1::M_OFFSET;
+const _: () = assert!(BlockQ5_1::M_OFFSET == MIN_OFFSET);
+
+/// The per-32-block mins `m` of row `r` for Q4_1/Q5_1 weights (the f16 `m` of
+/// each block), else nothing.
 fn block_mins(w: &Weight, r: usize) -> Vec<f32> {
     match w.format {
-        WeightFormat::Ggml(t @ (GgmlType::Q4_1 | GgmlType::Q5_1)) if w.cols.is_multiple_of(QK8) => {
+        WeightFormat::Ggml(t)
+            if has_min(t) && partner(w.format) == Partner::Q8 && w.cols.is_multiple_of(QK8) =>
+        {
             let rb = w.row_bytes();
             w.data[r * rb..(r + 1) * rb]
                 .chunks_exact(t.type_size())
-                .map(|b| half::f16::from_le_bytes([b[2], b[3]]).to_f32())
+                .map(|b| half::f16::from_le_bytes([b[MIN_OFFSET], b[MIN_OFFSET + 1]]).to_f32())
                 .collect()
         }
         _ => Vec::new(),

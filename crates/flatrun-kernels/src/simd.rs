@@ -57,7 +57,7 @@ impl FromStr for SimdLevel {
                     what: "SIMD level",
                     got: other.to_string(),
                     expected: "scalar, avx2, avx512, avx512vnni, neon, neondot",
-                })
+                });
             }
         })
     }

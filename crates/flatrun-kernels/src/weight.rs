@@ -4,8 +4,8 @@ use std::ops::Range;
 
 use flatrun_format::{DType, GgmlType, QuantDescriptor, TensorHandle};
 
-use crate::error::dtype_name;
 use crate::KernelError;
+use crate::error::dtype_name;
 
 /// How the bytes of a weight matrix encode its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -90,7 +90,7 @@ impl<'a> Weight<'a> {
                 return Err(KernelError::BadShape {
                     tensor: h.name().to_string(),
                     shape: h.shape().to_vec(),
-                })
+                });
             }
         };
         let format = match (h.quant(), h.dtype()) {
@@ -113,7 +113,7 @@ impl<'a> Weight<'a> {
                 return Err(KernelError::UnsupportedFormat {
                     tensor: h.name().to_string(),
                     format: dtype_name(other),
-                })
+                });
             }
         };
         let w = Weight {

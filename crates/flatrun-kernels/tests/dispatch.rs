@@ -1,7 +1,7 @@
 //! Backend and SIMD-level selection.
 
 use flatrun_kernels::{
-    backend, clamp_to_host, supported_levels, BackendKind, NativeKernels, SimdLevel,
+    BackendKind, NativeKernels, SimdLevel, backend, clamp_to_host, supported_levels,
 };
 
 #[test]

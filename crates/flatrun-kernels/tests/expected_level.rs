@@ -4,7 +4,7 @@
 //! it, a CPU model (or an emulator) that stopped reporting a feature would
 //! silently run the parity tests at fewer levels and still pass.
 
-use flatrun_kernels::{simd_level, supported_levels, NativeKernels, SimdLevel};
+use flatrun_kernels::{NativeKernels, SimdLevel, simd_level, supported_levels};
 
 #[test]
 fn the_expected_level_is_the_one_in_use() {

@@ -10,9 +10,9 @@
 
 mod common;
 
-use common::{matmul_with, random_case, Rng, LEGACY_FORMATS};
+use common::{LEGACY_FORMATS, Rng, matmul_with, random_case};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{supported_levels, NativeKernels, Weight, WeightFormat};
+use flatrun_kernels::{NativeKernels, Weight, WeightFormat, supported_levels};
 use proptest::prelude::*;
 
 /// Every row of a `t` matrix multiplied alone gives the bits of the whole matrix.

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{assert_gemv_equals_gemm_columns, random_case, Rng, LEGACY_FORMATS};
+use common::{LEGACY_FORMATS, Rng, assert_gemv_equals_gemm_columns, random_case};
 use flatrun_format::GgmlType;
 use flatrun_kernels::{Weight, WeightFormat};
 

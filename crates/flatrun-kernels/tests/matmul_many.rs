@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::{random_ggml, Rng};
+use common::{Rng, random_ggml};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{supported_levels, Kernels, NativeKernels, Weight, WeightFormat};
+use flatrun_kernels::{Kernels, NativeKernels, Weight, WeightFormat, supported_levels};
 
 fn same_as_one_by_one(formats: &[GgmlType], rows: &[usize], cols: usize, n_tokens: usize) {
     let mut rng = Rng(0x5eed ^ (cols * 31 + n_tokens) as u64);

@@ -6,11 +6,11 @@
 
 mod common;
 
-use common::{assert_gemv_equals_gemm_columns, check_levels, mlx_format, MlxTensor, Rng};
+use common::{MlxTensor, Rng, assert_gemv_equals_gemm_columns, check_levels, mlx_format};
 use flatrun_format::GgmlType;
-use flatrun_kernels::native::quantize::{quantize_q8, BlockQ8};
+use flatrun_kernels::native::quantize::{BlockQ8, quantize_q8};
 use flatrun_kernels::{
-    supported_levels, Kernels, NativeKernels, ReferenceKernels, SimdLevel, Weight, WeightFormat,
+    Kernels, NativeKernels, ReferenceKernels, SimdLevel, Weight, WeightFormat, supported_levels,
 };
 use half::f16;
 use proptest::prelude::*;

@@ -287,14 +287,14 @@ fn attention_gqa_causal_window_softcap_f32_and_f16() {
         softcap: Some(5.0),
     };
     let n_slots = 6;
-    let gen =
+    let make_values =
         |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 1.5).collect() };
-    let k = gen(n_slots * 2 * 8, 0.71);
-    let v = gen(n_slots * 2 * 8, 0.37);
+    let k = make_values(n_slots * 2 * 8, 0.71);
+    let v = make_values(n_slots * 2 * 8, 0.37);
     // Slot 4 empty, slots out of position order (a ring buffer).
     let key_pos = [3, 4, 0, 1, usize::MAX, 2];
     let q_pos = [2, 4];
-    let q = gen(2 * 4 * 8, 0.53);
+    let q = make_values(2 * 4 * 8, 0.53);
     for cfg in [
         c,
         AttnConfig {
@@ -345,17 +345,17 @@ fn attention_f16_cache_matches_naive_for_wide_and_ragged_heads() {
             softcap: None,
         };
         let n_slots = 96;
-        let gen =
+        let make_values =
             |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 1.5).collect() };
         // f16-exact keys and values, so only the products' rounding differs.
         let to_f16 = |x: Vec<f32>| -> Vec<f16> { x.iter().map(|&v| f16::from_f32(v)).collect() };
-        let k16 = to_f16(gen(n_slots * 2 * head_dim, 0.71));
-        let v16 = to_f16(gen(n_slots * 2 * head_dim, 0.37));
+        let k16 = to_f16(make_values(n_slots * 2 * head_dim, 0.71));
+        let v16 = to_f16(make_values(n_slots * 2 * head_dim, 0.37));
         let k: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
         let v: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
         let key_pos: Vec<usize> = (0..n_slots).collect();
         let q_pos: Vec<usize> = (0..n_slots).step_by(7).collect();
-        let q: Vec<f32> = to_f16(gen(q_pos.len() * 6 * head_dim, 0.53))
+        let q: Vec<f32> = to_f16(make_values(q_pos.len() * 6 * head_dim, 0.53))
             .iter()
             .map(|x| x.to_f32())
             .collect();

@@ -3,9 +3,9 @@
 
 mod common;
 
-use common::{check_levels, magnitudes, random_ggml, MlxTensor, Rng, GGML_BUDGETS, MLX_FORMATS};
+use common::{GGML_BUDGETS, MLX_FORMATS, MlxTensor, Rng, check_levels, magnitudes, random_ggml};
 use flatrun_format::GgmlType;
-use flatrun_kernels::{supported_levels, Kernels, NativeKernels, Weight, WeightFormat};
+use flatrun_kernels::{Kernels, NativeKernels, Weight, WeightFormat, supported_levels};
 use proptest::prelude::*;
 
 #[test]
@@ -107,24 +107,28 @@ fn bad_calls_are_errors_not_panics() {
     assert!(k.matmul(&w, &[0.0; 63], 1, &mut out).is_err());
     assert!(k.matmul(&w, &[0.0; 64], 1, &mut out[..1]).is_err());
     assert!(k.dequantize_rows(&w, 1..3, &mut [0.0; 128]).is_err());
-    assert!(Weight::new(
-        WeightFormat::Ggml(GgmlType::Q4_0),
-        2,
-        60,
-        &bytes,
-        None,
-        None
-    )
-    .is_err());
-    assert!(Weight::new(
-        WeightFormat::Ggml(GgmlType::Q4_0),
-        3,
-        64,
-        &bytes,
-        None,
-        None
-    )
-    .is_err());
+    assert!(
+        Weight::new(
+            WeightFormat::Ggml(GgmlType::Q4_0),
+            2,
+            60,
+            &bytes,
+            None,
+            None
+        )
+        .is_err()
+    );
+    assert!(
+        Weight::new(
+            WeightFormat::Ggml(GgmlType::Q4_0),
+            3,
+            64,
+            &bytes,
+            None,
+            None
+        )
+        .is_err()
+    );
     assert!(w.row_range(1..3).is_err());
     let half = w.row_range(1..2).unwrap();
     assert_eq!(half.rows, 1);

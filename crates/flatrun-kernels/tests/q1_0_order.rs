@@ -13,10 +13,10 @@
 
 mod common;
 
-use common::{matmul_with, random_case, Rng};
+use common::{Rng, matmul_with, random_case};
 use flatrun_format::GgmlType;
-use flatrun_kernels::native::quantize::{quantize_q8, BlockQ8};
-use flatrun_kernels::{supported_levels, NativeKernels, SimdLevel, Weight, WeightFormat};
+use flatrun_kernels::native::quantize::{BlockQ8, quantize_q8};
+use flatrun_kernels::{NativeKernels, SimdLevel, Weight, WeightFormat, supported_levels};
 use half::f16;
 
 /// One row of Q1_0 (18-byte blocks) · one token's Q8 blocks, in ggml's AVX2 order.
@@ -33,11 +33,7 @@ fn ggml_avx2_dot(row: &[u8], acts: &[BlockQ8]) -> f32 {
                 let sum: i32 = (4 * k..4 * k + 4)
                     .map(|j| {
                         let q = a.qs[j] as i32;
-                        if bits >> j & 1 == 1 {
-                            q
-                        } else {
-                            -q
-                        }
+                        if bits >> j & 1 == 1 { q } else { -q }
                     })
                     .sum();
                 let c = sum as f32;

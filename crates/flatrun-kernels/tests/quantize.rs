@@ -6,10 +6,10 @@ mod common;
 
 use common::Rng;
 use flatrun_dequant::{
-    quantize_row_q8_0, quantize_row_q8_1, quantize_row_q8_k, BlockQ8K as RefQ8K, BlockQ8_0,
-    BlockQ8_1,
+    BlockQ8_0, BlockQ8_1, BlockQ8K as RefQ8K, quantize_row_q8_0, quantize_row_q8_1,
+    quantize_row_q8_k,
 };
-use flatrun_kernels::native::quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K};
+use flatrun_kernels::native::quantize::{BlockQ8, BlockQ8K, quantize_q8, quantize_q8k};
 
 fn inputs(rng: &mut Rng) -> Vec<Vec<f32>> {
     let n = 1024;

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use common::Rng;
 use flatrun_format::{GgmlType, StorageBackend};
 use flatrun_kernels::{
-    supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat,
+    Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat, supported_levels,
 };
 
 fn models_dir() -> PathBuf {

@@ -7,7 +7,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{block_format, ScaleList};
+use super::{ScaleList, block_format};
 use crate::iq_grids::KVALUES_FP4;
 
 /// Half of the E8M0 value `2^(e - 127)`, as ggml's `ggml_e8m0_to_fp32_half`.

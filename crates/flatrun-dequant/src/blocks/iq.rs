@@ -9,7 +9,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use super::{block_format, f16_to_f32, ScaleList, QK_K};
+use super::{QK_K, ScaleList, block_format, byte_offsets, f16_to_f32};
 use crate::iq_grids::{
     IQ1S_GRID, IQ2S_GRID, IQ2XS_GRID, IQ2XXS_GRID, IQ3S_GRID, IQ3XXS_GRID, KMASK_IQ2XS,
     KSIGNS_IQ2XS, KVALUES_IQ4NL,
@@ -436,6 +436,7 @@ block_format!(
     bytes = 18,
     partner = super::BlockQ8_0
 );
+byte_offsets!(BlockIq4Nl { d => D_OFFSET, qs => QS_OFFSET });
 
 impl BlockIq4Nl {
     fn decode(&self, out: &mut [f32; 32]) {
@@ -471,6 +472,7 @@ block_format!(
     bytes = 136,
     partner = super::BlockQ8K
 );
+byte_offsets!(BlockIq4Xs { d => D_OFFSET, scales_h => SCALES_H_OFFSET, scales_l => SCALES_L_OFFSET, qs => QS_OFFSET });
 
 impl BlockIq4Xs {
     fn decode(&self, out: &mut [f32; QK_K]) {

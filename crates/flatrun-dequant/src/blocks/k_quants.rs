@@ -5,7 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use super::{block_format, f16_to_f32, ScaleList, QK_K};
+use super::{QK_K, ScaleList, block_format, byte_offsets, f16_to_f32};
 
 /// Bytes of the packed 6-bit scales and mins of Q4_K and Q5_K.
 pub const K_SCALE_SIZE: usize = 12;
@@ -26,6 +26,7 @@ pub struct BlockQ2K {
     pub dmin: f16,
 }
 block_format!(BlockQ2K, Q2_K, elems = 256, bytes = 84, partner = BlockQ8K);
+byte_offsets!(BlockQ2K { scales => SCALES_OFFSET, qs => QS_OFFSET, d => D_OFFSET, dmin => DMIN_OFFSET });
 
 impl BlockQ2K {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -71,19 +72,12 @@ pub struct BlockQ3K {
     pub d: f16,
 }
 block_format!(BlockQ3K, Q3_K, elems = 256, bytes = 110, partner = BlockQ8K);
+byte_offsets!(BlockQ3K { hmask => HMASK_OFFSET, qs => QS_OFFSET, scales => SCALES_OFFSET, d => D_OFFSET });
 
 impl BlockQ3K {
     /// Unpack the sixteen 6-bit scales (as signed values, still offset by 32).
     pub fn unpacked_scales(&self) -> [i8; 16] {
-        let s = &self.scales;
-        let mut out = [0i8; 16];
-        for j in 0..16 {
-            // Low 4 bits: nibble of bytes 0..8; high 2 bits: bit pairs of bytes 8..12.
-            let low = if j < 8 { s[j] & 0x0F } else { s[j - 8] >> 4 };
-            let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-            out[j] = (low | (high << 4)) as i8;
-        }
-        out
+        q3k_scales(&self.scales)
     }
 
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -92,8 +86,7 @@ impl BlockQ3K {
         let mut y = 0;
         let mut is = 0;
         let mut m: u8 = 1;
-        for (n, q) in self.qs.chunks_exact(32).enumerate() {
-            let _ = n;
+        for q in self.qs.chunks_exact(32) {
             for shift in [0, 2, 4, 6] {
                 for half in 0..2 {
                     let dl = d_all * (scales[is] as i32 - 32) as f32;
@@ -113,6 +106,21 @@ impl BlockQ3K {
     fn scale_values(&self) -> ScaleList {
         ScaleList::of(&[f16_to_f32(self.d)])
     }
+}
+
+/// The sixteen 6-bit scales of a Q3_K block from its 12 packed bytes
+/// ([`BlockQ3K::scales`]), still offset by 32: scale `j` takes its low 4 bits
+/// from the nibble of byte `j % 8` (the high nibble for `j >= 8`) and its top
+/// 2 bits from bits `2·(j / 4)` of byte `8 + j % 4`.
+#[inline]
+pub fn q3k_scales(s: &[u8; 12]) -> [i8; 16] {
+    let mut out = [0i8; 16];
+    for (j, o) in out.iter_mut().enumerate() {
+        let low = if j < 8 { s[j] & 0x0F } else { s[j - 8] >> 4 };
+        let high = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+        *o = (low | (high << 4)) as i8;
+    }
+    out
 }
 
 /// Scale and min of sub-block `j` of Q4_K/Q5_K (6 bits each, packed in 12 bytes).
@@ -143,6 +151,7 @@ pub struct BlockQ4K {
     pub qs: [u8; QK_K / 2],
 }
 block_format!(BlockQ4K, Q4_K, elems = 256, bytes = 144, partner = BlockQ8K);
+byte_offsets!(BlockQ4K { d => D_OFFSET, dmin => DMIN_OFFSET, scales => SCALES_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ4K {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -182,6 +191,7 @@ pub struct BlockQ5K {
     pub qs: [u8; QK_K / 2],
 }
 block_format!(BlockQ5K, Q5_K, elems = 256, bytes = 176, partner = BlockQ8K);
+byte_offsets!(BlockQ5K { d => D_OFFSET, dmin => DMIN_OFFSET, scales => SCALES_OFFSET, qh => QH_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ5K {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -222,6 +232,7 @@ pub struct BlockQ6K {
     pub d: f16,
 }
 block_format!(BlockQ6K, Q6_K, elems = 256, bytes = 210, partner = BlockQ8K);
+byte_offsets!(BlockQ6K { ql => QL_OFFSET, qh => QH_OFFSET, scales => SCALES_OFFSET, d => D_OFFSET });
 
 impl BlockQ6K {
     fn decode(&self, out: &mut [f32; QK_K]) {
@@ -263,6 +274,13 @@ pub struct BlockQ8K {
     pub bsums: [i16; QK_K / 16],
 }
 block_format!(BlockQ8K, Q8_K, elems = 256, bytes = 292, partner = BlockQ8K);
+
+impl Default for BlockQ8K {
+    /// All zeros (the quantization of 256 zeros).
+    fn default() -> Self {
+        bytemuck::Zeroable::zeroed()
+    }
+}
 
 impl BlockQ8K {
     fn decode(&self, out: &mut [f32; QK_K]) {

@@ -8,7 +8,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use super::{block_format, f16_to_f32, ScaleList};
+use super::{ScaleList, block_format, byte_offsets, f16_to_f32};
 
 /// Weights per legacy block.
 pub const QK: usize = 32;
@@ -23,6 +23,7 @@ pub struct BlockQ4_0 {
     pub qs: [u8; QK / 2],
 }
 block_format!(BlockQ4_0, Q4_0, elems = 32, bytes = 18, partner = BlockQ8_0);
+byte_offsets!(BlockQ4_0 { d => D_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ4_0 {
     fn decode(&self, out: &mut [f32; QK]) {
@@ -50,6 +51,7 @@ pub struct BlockQ4_1 {
     pub qs: [u8; QK / 2],
 }
 block_format!(BlockQ4_1, Q4_1, elems = 32, bytes = 20, partner = BlockQ8_1);
+byte_offsets!(BlockQ4_1 { d => D_OFFSET, m => M_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ4_1 {
     fn decode(&self, out: &mut [f32; QK]) {
@@ -77,6 +79,7 @@ pub struct BlockQ5_0 {
     pub qs: [u8; QK / 2],
 }
 block_format!(BlockQ5_0, Q5_0, elems = 32, bytes = 22, partner = BlockQ8_0);
+byte_offsets!(BlockQ5_0 { d => D_OFFSET, qh => QH_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ5_0 {
     fn decode(&self, out: &mut [f32; QK]) {
@@ -109,6 +112,7 @@ pub struct BlockQ5_1 {
     pub qs: [u8; QK / 2],
 }
 block_format!(BlockQ5_1, Q5_1, elems = 32, bytes = 24, partner = BlockQ8_1);
+byte_offsets!(BlockQ5_1 { d => D_OFFSET, m => M_OFFSET, qh => QH_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ5_1 {
     fn decode(&self, out: &mut [f32; QK]) {
@@ -137,6 +141,7 @@ pub struct BlockQ8_0 {
     pub qs: [i8; QK],
 }
 block_format!(BlockQ8_0, Q8_0, elems = 32, bytes = 34, partner = BlockQ8_0);
+byte_offsets!(BlockQ8_0 { d => D_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ8_0 {
     fn decode(&self, out: &mut [f32; QK]) {

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 use half::f16;
 
-use super::{block_format, f16_to_f32, ScaleList, QK_K};
+use super::{QK_K, ScaleList, block_format, byte_offsets, f16_to_f32};
 
 /// Q1_0 — 1.125 bits per weight: 128 signs, `w = +d` for bit 1, `-d` for bit 0
 /// (bits LSB first).
@@ -22,6 +22,7 @@ block_format!(
     bytes = 18,
     partner = super::BlockQ8_0
 );
+byte_offsets!(BlockQ1_0 { d => D_OFFSET, qs => QS_OFFSET });
 
 impl BlockQ1_0 {
     fn decode(&self, out: &mut [f32; 128]) {

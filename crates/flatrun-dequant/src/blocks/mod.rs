@@ -128,6 +128,22 @@ macro_rules! block_format {
 }
 pub(crate) use block_format;
 
+/// Byte offsets of a block's fields as associated `const`s
+/// (`BlockQ4_1::QS_OFFSET`, …), for kernels that read blocks in place through
+/// pointers: derived from the `#[repr(C)]` struct with `offset_of!`, so they
+/// compile to the same immediate offsets as hand-written numbers.
+macro_rules! byte_offsets {
+    ($block:ty { $($field:ident => $name:ident),* $(,)? }) => {
+        impl $block {
+            $(
+                #[doc = concat!("Byte offset of `", stringify!($field), "` in the block.")]
+                pub const $name: usize = ::core::mem::offset_of!($block, $field);
+            )*
+        }
+    };
+}
+pub(crate) use byte_offsets;
+
 /// f16 → f32 (exact).
 #[inline(always)]
 pub(crate) fn f16_to_f32(h: half::f16) -> f32 {

@@ -36,32 +36,26 @@ use std::arch::asm;
 
 use flatrun_format::GgmlType;
 
-use super::dispatch::each_row;
 use super::mlx_affine::{MlxLayout, MlxRowsData};
 use super::quantize::{BlockQ8, BlockQ8K};
-use super::scalar;
-
-#[path = "arm_float.rs"]
-mod float;
-#[path = "arm_kquants.rs"]
-mod kquants;
-#[path = "arm_legacy.rs"]
-mod legacy;
-#[path = "arm_mlx.rs"]
-mod mlx;
 
 /// `acc` plus the sum of the 16 products `a[i] · b[i]` (i8 × i8), spread over
 /// the four i32 lanes (how it is spread differs by level; only the lanes' total
 /// is meaningful).
 #[inline(always)]
 unsafe fn dot16<const DOT: bool>(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
-    if DOT {
-        sdot(acc, a, b)
-    } else {
-        // Widen the products to i16 (|a·b| ≤ 128·128 fits), then add adjacent
-        // pairs into the i32 lanes: no i16 sum can overflow.
-        let acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
-        vpadalq_s16(acc, vmull_high_s8(a, b))
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        if DOT {
+            sdot(acc, a, b)
+        } else {
+            // Widen the products to i16 (|a·b| ≤ 128·128 fits), then add adjacent
+            // pairs into the i32 lanes: no i16 sum can overflow.
+            let acc = vpadalq_s16(acc, vmull_s8(vget_low_s8(a), vget_low_s8(b)));
+            vpadalq_s16(acc, vmull_high_s8(a, b))
+        }
     }
 }
 
@@ -93,8 +87,13 @@ unsafe fn dot32<const DOT: bool>(
     hi: int8x16_t,
     a: *const i8,
 ) -> int32x4_t {
-    let acc = dot16::<DOT>(acc, lo, vld1q_s8(a));
-    dot16::<DOT>(acc, hi, vld1q_s8(a.add(16)))
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        let acc = dot16::<DOT>(acc, lo, vld1q_s8(a));
+        dot16::<DOT>(acc, hi, vld1q_s8(a.add(16)))
+    }
 }
 
 /// An IEEE half (as its bits) converted to f32 with one `fcvt`.
@@ -117,7 +116,10 @@ fn f16_to_f32(bits: u16) -> f32 {
 /// The little-endian f16 at `p` as f32 (reads 2 bytes).
 #[inline(always)]
 unsafe fn f16_at(p: *const u8) -> f32 {
-    f16_to_f32(u16::from_le_bytes([*p, *p.add(1)]))
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe { f16_to_f32(u16::from_le_bytes([*p, *p.add(1)])) }
 }
 
 /// Four IEEE halves (as bits) converted to f32 with one `fcvtl`.
@@ -141,22 +143,30 @@ fn f16x4_to_f32(bits: uint16x4_t) -> float32x4_t {
 /// The little-endian u32 at `p` (reads 4 bytes, any alignment).
 #[inline(always)]
 unsafe fn u32_at(p: *const u8) -> u32 {
-    u32::from_le_bytes(p.cast::<[u8; 4]>().read())
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe { u32::from_le_bytes(p.cast::<[u8; 4]>().read()) }
 }
 
 /// 32 bits → two byte masks, 0xFF where the bit is set: bits 0..16 (bit `j` →
 /// byte `j`) and bits 16..32.
 #[inline(always)]
 unsafe fn bits_to_masks(bits: u32) -> (uint8x16_t, uint8x16_t) {
-    const PICK_LO: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
-    const PICK_HI: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
-    const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
-    // Every byte of the word in every lane, then byte j/8 in lane j, then its bit j%8.
-    let bytes = vreinterpretq_u8_u32(vdupq_n_u32(bits));
-    let bit = vld1q_u8(BIT.as_ptr());
-    let lo = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(PICK_LO.as_ptr())), bit);
-    let hi = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(PICK_HI.as_ptr())), bit);
-    (lo, hi)
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        const PICK_LO: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1];
+        const PICK_HI: [u8; 16] = [2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3];
+        const BIT: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 1, 2, 4, 8, 16, 32, 64, 128];
+        // Every byte of the word in every lane, then byte j/8 in lane j, then its bit j%8.
+        let bytes = vreinterpretq_u8_u32(vdupq_n_u32(bits));
+        let bit = vld1q_u8(BIT.as_ptr());
+        let lo = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(PICK_LO.as_ptr())), bit);
+        let hi = vtstq_u8(vqtbl1q_u8(bytes, vld1q_u8(PICK_HI.as_ptr())), bit);
+        (lo, hi)
+    }
 }
 
 /// Whether a call is well formed: whole rows of whole blocks, 1..=4 tokens, room
@@ -205,82 +215,15 @@ macro_rules! tile {
     }};
 }
 
-/// Rows × Q8 tile for a legacy format, Q1_0 or IQ4_NL.
-///
-/// # Safety
-/// With `DOT = true` the CPU must support the dot-product extension.
-#[inline(always)]
-unsafe fn rows_q8<const DOT: bool>(
-    t: GgmlType,
-    rows: &[u8],
-    rb: usize,
-    acts: &[&[BlockQ8]],
-    out: &mut [f32],
-) {
-    let subs = t.block_size() / 32;
-    if !checked(rows, rb, t.type_size(), subs, acts, out) {
-        return each_row(scalar::dot_q8, t, rows, rb, acts, out);
-    }
-    const Q4_0: u32 = GgmlType::Q4_0 as u32;
-    const Q4_1: u32 = GgmlType::Q4_1 as u32;
-    const Q5_0: u32 = GgmlType::Q5_0 as u32;
-    const Q5_1: u32 = GgmlType::Q5_1 as u32;
-    const Q8_0: u32 = GgmlType::Q8_0 as u32;
-    const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
-    match t {
-        GgmlType::Q4_0 => tile!(legacy::legacy_n, Q4_0, 18, DOT; rows, rb, acts, out),
-        GgmlType::Q4_1 => tile!(legacy::legacy_n, Q4_1, 20, DOT; rows, rb, acts, out),
-        GgmlType::Q5_0 => tile!(legacy::legacy_n, Q5_0, 22, DOT; rows, rb, acts, out),
-        GgmlType::Q5_1 => tile!(legacy::legacy_n, Q5_1, 24, DOT; rows, rb, acts, out),
-        GgmlType::Q8_0 => tile!(legacy::legacy_n, Q8_0, 34, DOT; rows, rb, acts, out),
-        GgmlType::IQ4_NL => tile!(legacy::legacy_n, IQ4_NL, 18, DOT; rows, rb, acts, out),
-        GgmlType::Q1_0 => tile!(legacy::q1_0_n, DOT; rows, rb, acts, out),
-        _ => each_row(scalar::dot_q8, t, rows, rb, acts, out),
-    }
-}
-
-/// Rows × Q8_K tile for a K-quant or IQ4_XS.
-///
-/// # Safety
-/// With `DOT = true` the CPU must support the dot-product extension.
-#[inline(always)]
-unsafe fn rows_q8k<const DOT: bool>(
-    t: GgmlType,
-    rows: &[u8],
-    rb: usize,
-    acts: &[&[BlockQ8K]],
-    out: &mut [f32],
-) {
-    if !checked(rows, rb, t.type_size(), 1, acts, out) {
-        return each_row(scalar::dot_q8k, t, rows, rb, acts, out);
-    }
-    match t {
-        GgmlType::Q2_K => tile!(kquants::q2_k_n, DOT; rows, rb, acts, out),
-        GgmlType::Q3_K => tile!(kquants::q3_k_n, DOT; rows, rb, acts, out),
-        GgmlType::Q4_K => tile!(kquants::q4_k_n, DOT; rows, rb, acts, out),
-        GgmlType::Q5_K => tile!(kquants::q5_k_n, DOT; rows, rb, acts, out),
-        GgmlType::Q6_K => tile!(kquants::q6_k_n, DOT; rows, rb, acts, out),
-        GgmlType::IQ4_XS => tile!(kquants::iq4_xs_n, DOT; rows, rb, acts, out),
-        _ => each_row(scalar::dot_q8k, t, rows, rb, acts, out),
-    }
-}
-
-/// Rows × f32 tile for F32/F16/BF16 (no integer dots: the same code at both levels).
-#[inline(always)]
-fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
-    if !checked(rows, rb, t.type_size(), 1, acts, out) {
-        return each_row(scalar::dot_f32, t, rows, rb, acts, out);
-    }
-    const F32: u32 = GgmlType::F32 as u32;
-    const F16: u32 = GgmlType::F16 as u32;
-    const BF16: u32 = GgmlType::BF16 as u32;
-    match t {
-        GgmlType::F32 => tile!(float::float_n, F32, 4; rows, rb, acts, out),
-        GgmlType::F16 => tile!(float::float_n, F16, 2; rows, rb, acts, out),
-        GgmlType::BF16 => tile!(float::float_n, BF16, 2; rows, rb, acts, out),
-        _ => each_row(scalar::dot_f32, t, rows, rb, acts, out),
-    }
-}
+// The families (declared after `tile!`, which their `rows_*` use).
+#[path = "arm_float.rs"]
+mod float;
+#[path = "arm_kquants.rs"]
+mod kquants;
+#[path = "arm_legacy.rs"]
+mod legacy;
+#[path = "arm_mlx.rs"]
+mod mlx;
 
 /// The safe entry points of both levels, one per kernel family `$kernel::<DOT>`:
 /// `neon::$name` runs it with `DOT = false`; `dotprod::$name` checks the CPU
@@ -309,7 +252,7 @@ macro_rules! levels {
                 acts: &[&[f32]],
                 out: &mut [f32],
             ) {
-                super::rows_f32(t, rows, rb, acts, out)
+                super::float::rows_f32(t, rows, rb, acts, out)
             }
         }
 
@@ -329,7 +272,12 @@ macro_rules! levels {
                     /// The CPU must support the dot-product extension.
                     #[target_feature(enable = "neon,dotprod")]
                     unsafe fn with_sdot($($arg: $ty),*) {
-                        super::$($kernel)::+::<true>($($arg),*)
+                        // SAFETY: the caller upholds this function's safety contract (its
+                        // `# Safety` section or the module's), which every unsafe operation
+                        // below relies on.
+                        unsafe {
+                            super::$($kernel)::+::<true>($($arg),*)
+                        }
                     }
                     if !has_dotprod() {
                         return super::neon::$name($($arg),*);
@@ -355,9 +303,9 @@ macro_rules! levels {
 
 levels! {
     /// Rows × Q8 tile (legacy formats, Q1_0, IQ4_NL).
-    fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) = rows_q8;
+    fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) = legacy::rows_q8;
     /// Rows × Q8_K tile (K-quants, IQ4_XS).
-    fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) = rows_q8k;
+    fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) = kquants::rows_q8k;
     /// MLX affine 4/8-bit rows × Q8 tile.
     fn rows_mlx(layout: MlxLayout, rows: &MlxRowsData, acts: &[&[BlockQ8]], out: &mut [f32]) = mlx::rows_mlx;
 }

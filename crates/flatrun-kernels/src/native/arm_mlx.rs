@@ -27,40 +27,50 @@ use std::arch::aarch64::*;
 
 use super::{dot32, f16_at, u32_at};
 use crate::native::mlx_affine::{
-    by_bits_and_tile, centre, rows_scalar, MlxLayout, MlxRowsData, ScaleKind,
+    MlxLayout, MlxRowsData, ScaleKind, by_bits_and_tile, centre, rows_scalar,
 };
 use crate::native::quantize::{BlockQ8, QK8};
 
 /// Value `g` of a row's scale (or bias) array at `p`.
 #[inline(always)]
 unsafe fn scale_at(kind: ScaleKind, p: *const u8, g: usize) -> f32 {
-    match kind {
-        ScaleKind::F16 => f16_at(p.add(2 * g)),
-        // A bf16 is the top half of an f32.
-        ScaleKind::BF16 => {
-            f32::from_bits((u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]) as u32) << 16)
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        match kind {
+            ScaleKind::F16 => f16_at(p.add(2 * g)),
+            // A bf16 is the top half of an f32.
+            ScaleKind::BF16 => f32::from_bits(
+                (u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]) as u32) << 16,
+            ),
+            ScaleKind::F32 => f32::from_bits(u32_at(p.add(4 * g))),
         }
-        ScaleKind::F32 => f32::from_bits(u32_at(p.add(4 * g))),
     }
 }
 
 /// The 32 values of the block at `p` as signed bytes: (values 0..16, values 16..32).
 #[inline(always)]
 unsafe fn unpack<const BITS: u32>(p: *const u8) -> (int8x16_t, int8x16_t) {
-    let s8 = vreinterpretq_s8_u8;
-    if BITS == 4 {
-        // Low nibbles are the even values, high nibbles the odd ones: interleave them.
-        let q = vld1q_u8(p);
-        let even = vandq_u8(q, vdupq_n_u8(0x0F));
-        let odd = vshrq_n_u8(q, 4);
-        (s8(vzip1q_u8(even, odd)), s8(vzip2q_u8(even, odd)))
-    } else {
-        // Flipping the top bit subtracts 128 in two's complement.
-        let flip = vdupq_n_u8(0x80);
-        (
-            s8(veorq_u8(vld1q_u8(p), flip)),
-            s8(veorq_u8(vld1q_u8(p.add(16)), flip)),
-        )
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        let s8 = vreinterpretq_s8_u8;
+        if BITS == 4 {
+            // Low nibbles are the even values, high nibbles the odd ones: interleave them.
+            let q = vld1q_u8(p);
+            let even = vandq_u8(q, vdupq_n_u8(0x0F));
+            let odd = vshrq_n_u8(q, 4);
+            (s8(vzip1q_u8(even, odd)), s8(vzip2q_u8(even, odd)))
+        } else {
+            // Flipping the top bit subtracts 128 in two's complement.
+            let flip = vdupq_n_u8(0x80);
+            (
+                s8(veorq_u8(vld1q_u8(p), flip)),
+                s8(veorq_u8(vld1q_u8(p.add(16)), flip)),
+            )
+        }
     }
 }
 
@@ -77,15 +87,20 @@ unsafe fn block_step<const BITS: u32, const DOT: bool, const N: usize>(
     acc: &mut [float32x4_t; N],
     bias: &mut [f32; N],
 ) {
-    // Unpack the weight block once…
-    let (lo, hi) = unpack::<BITS>(row.add(i * QK8 * BITS as usize / 8));
-    // …and dot it with every token of the tile.
-    for t in 0..N {
-        let a = acts.get_unchecked(t).get_unchecked(i);
-        let sumi = dot32::<DOT>(vdupq_n_s32(0), lo, hi, a.qs.as_ptr());
-        acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi), s * a.d);
-        if let Some(rest) = rest {
-            bias[t] += rest * a.s;
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        // Unpack the weight block once…
+        let (lo, hi) = unpack::<BITS>(row.add(i * QK8 * BITS as usize / 8));
+        // …and dot it with every token of the tile.
+        for t in 0..N {
+            let a = acts.get_unchecked(t).get_unchecked(i);
+            let sumi = dot32::<DOT>(vdupq_n_s32(0), lo, hi, a.qs.as_ptr());
+            acc[t] = vfmaq_n_f32(acc[t], vcvtq_f32_s32(sumi), s * a.d);
+            if let Some(rest) = rest {
+                bias[t] += rest * a.s;
+            }
         }
     }
 }
@@ -101,31 +116,44 @@ unsafe fn row_n<const BITS: u32, const DOT: bool, const N: usize>(
     acts: &[&[BlockQ8]],
     out: &mut [f32],
 ) {
-    let blocks_per_group = layout.group / QK8;
-    let n_groups = row.len() / (QK8 * BITS as usize / 8 * blocks_per_group);
-    let c = centre(BITS) as f32;
-    // Two accumulators per token (even and odd blocks of the row) halve the FMA chain.
-    let mut even = [vdupq_n_f32(0.0); N];
-    let mut odd = [vdupq_n_f32(0.0); N];
-    let mut bias = [0f32; N];
-    for g in 0..n_groups {
-        let s = scale_at(layout.scales, scales, g);
-        let b = scale_at(layout.scales, biases, g);
-        // 8-bit values are centred (Q8_0's dot) and the bias left over is often 0;
-        // 4-bit ones are used as they are (Q4_1's), their bias always added.
-        let rest = if BITS == 8 { b + c * s } else { b };
-        let rest = (BITS == 4 || rest != 0.0).then_some(rest);
-        for k in 0..blocks_per_group {
-            let i = g * blocks_per_group + k;
-            if i.is_multiple_of(2) {
-                block_step::<BITS, DOT, N>(row.as_ptr(), i, s, rest, acts, &mut even, &mut bias);
-            } else {
-                block_step::<BITS, DOT, N>(row.as_ptr(), i, s, rest, acts, &mut odd, &mut bias);
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        let blocks_per_group = layout.group / QK8;
+        let n_groups = row.len() / (QK8 * BITS as usize / 8 * blocks_per_group);
+        let c = centre(BITS) as f32;
+        // Two accumulators per token (even and odd blocks of the row) halve the FMA chain.
+        let mut even = [vdupq_n_f32(0.0); N];
+        let mut odd = [vdupq_n_f32(0.0); N];
+        let mut bias = [0f32; N];
+        for g in 0..n_groups {
+            let s = scale_at(layout.scales, scales, g);
+            let b = scale_at(layout.scales, biases, g);
+            // 8-bit values are centred (Q8_0's dot) and the bias left over is often 0;
+            // 4-bit ones are used as they are (Q4_1's), their bias always added.
+            let rest = if BITS == 8 { b + c * s } else { b };
+            let rest = (BITS == 4 || rest != 0.0).then_some(rest);
+            for k in 0..blocks_per_group {
+                let i = g * blocks_per_group + k;
+                if i.is_multiple_of(2) {
+                    block_step::<BITS, DOT, N>(
+                        row.as_ptr(),
+                        i,
+                        s,
+                        rest,
+                        acts,
+                        &mut even,
+                        &mut bias,
+                    );
+                } else {
+                    block_step::<BITS, DOT, N>(row.as_ptr(), i, s, rest, acts, &mut odd, &mut bias);
+                }
             }
         }
-    }
-    for t in 0..N {
-        *out.get_unchecked_mut(t) = vaddvq_f32(vaddq_f32(even[t], odd[t])) + bias[t];
+        for t in 0..N {
+            *out.get_unchecked_mut(t) = vaddvq_f32(vaddq_f32(even[t], odd[t])) + bias[t];
+        }
     }
 }
 
@@ -137,9 +165,14 @@ unsafe fn rows_n<const BITS: u32, const DOT: bool, const N: usize>(
     acts: &[&[BlockQ8]],
     out: &mut [f32],
 ) {
-    for (r, o) in (0..rows.n_rows()).zip(out.chunks_exact_mut(N)) {
-        let (data, scales, biases) = rows.row(r);
-        row_n::<BITS, DOT, N>(layout, data, scales.as_ptr(), biases.as_ptr(), acts, o);
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section or the module's), which every unsafe operation
+    // below relies on.
+    unsafe {
+        for (r, o) in (0..rows.n_rows()).zip(out.chunks_exact_mut(N)) {
+            let (data, scales, biases) = rows.row(r);
+            row_n::<BITS, DOT, N>(layout, data, scales.as_ptr(), biases.as_ptr(), acts, o);
+        }
     }
 }
 

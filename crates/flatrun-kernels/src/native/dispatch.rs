@@ -61,26 +61,14 @@ pub(crate) fn each_row<A>(
     }
 }
 
-fn scalar_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) {
-    each_row(scalar::dot_q8, t, rows, rb, acts, out)
-}
-
-fn scalar_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
-    each_row(scalar::dot_q8k, t, rows, rb, acts, out)
-}
-
-fn scalar_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
-    each_row(scalar::dot_f32, t, rows, rb, acts, out)
-}
-
 impl Dispatch {
     /// The table for `level` (which the caller has checked the host supports).
     pub(crate) fn for_level(level: SimdLevel) -> Dispatch {
         let scalar = Dispatch {
-            q8: scalar_q8,
-            q8k: scalar_q8k,
-            q8k_wide: scalar_q8k,
-            f32: scalar_f32,
+            q8: scalar::rows_q8,
+            q8k: scalar::rows_q8k,
+            q8k_wide: scalar::rows_q8k,
+            f32: scalar::rows_f32,
             q8_tile: 4,
         };
         match level {

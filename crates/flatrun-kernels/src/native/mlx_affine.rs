@@ -37,7 +37,7 @@ use std::cell::RefCell;
 use flatrun_format::{DType, GgmlType};
 use half::{bf16, f16};
 
-use super::quantize::{quantize_q8, BlockQ8, QK8};
+use super::quantize::{BlockQ8, QK8, quantize_q8};
 use super::{NativeKernels, Partner};
 use crate::weight::WeightFormat;
 use crate::{KernelError, SimdLevel, Weight};
@@ -210,7 +210,7 @@ impl NativeKernels {
                 return Err(KernelError::UnsupportedFormat {
                     tensor: String::new(),
                     format: format!("{} without scales and biases", w.format),
-                })
+                });
             }
         };
         let cols = w.cols;
@@ -357,7 +357,7 @@ mod x86 {
     /// formats' GEMV: one linear stream [`PREFETCH_AHEAD`] (4 KiB) ahead
     /// (`native/x86.rs`, where the distance was measured). The hardware prefetcher alone
     /// keeps too few lines in flight behind a kernel that spends several cycles per line.
-    pub(super) use crate::native::x86::{prefetch_linear, PREFETCH_AHEAD};
+    pub(super) use crate::native::x86::{PREFETCH_AHEAD, prefetch_linear};
 
     /// Prefetch (into L1) the line `ahead` bytes past `pos`. A hint only: it never faults,
     /// and changes no value.
@@ -405,15 +405,20 @@ mod x86 {
                 #[inline]
                 #[target_feature(enable = $features)]
                 unsafe fn unpack<const BITS: u32>(p: *const u8) -> __m256i {
-                    if BITS == 4 {
-                        // Byte j holds values 2j (low nibble) and 2j+1: interleave the nibbles.
-                        let b = _mm_loadu_si128(p as *const __m128i);
-                        let m = _mm_set1_epi8(0x0F);
-                        let lo = _mm_and_si128(b, m);
-                        let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
-                        _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi))
-                    } else {
-                        _mm256_loadu_si256(p as *const __m256i)
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        if BITS == 4 {
+                            // Byte j holds values 2j (low nibble) and 2j+1: interleave the nibbles.
+                            let b = _mm_loadu_si128(p as *const __m128i);
+                            let m = _mm_set1_epi8(0x0F);
+                            let lo = _mm_and_si128(b, m);
+                            let hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+                            _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi))
+                        } else {
+                            _mm256_loadu_si256(p as *const __m256i)
+                        }
                     }
                 }
 
@@ -421,21 +426,26 @@ mod x86 {
                 #[inline]
                 #[target_feature(enable = $features)]
                 unsafe fn scale_at(kind: ScaleKind, p: *const u8, g: usize) -> f32 {
-                    match kind {
-                        ScaleKind::F16 => {
-                            let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
-                            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        match kind {
+                            ScaleKind::F16 => {
+                                let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
+                                _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+                            }
+                            ScaleKind::BF16 => {
+                                let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
+                                f32::from_bits((bits as u32) << 16)
+                            }
+                            ScaleKind::F32 => f32::from_le_bytes([
+                                *p.add(4 * g),
+                                *p.add(4 * g + 1),
+                                *p.add(4 * g + 2),
+                                *p.add(4 * g + 3),
+                            ]),
                         }
-                        ScaleKind::BF16 => {
-                            let bits = u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]);
-                            f32::from_bits((bits as u32) << 16)
-                        }
-                        ScaleKind::F32 => f32::from_le_bytes([
-                            *p.add(4 * g),
-                            *p.add(4 * g + 1),
-                            *p.add(4 * g + 2),
-                            *p.add(4 * g + 3),
-                        ]),
                     }
                 }
 
@@ -450,18 +460,23 @@ mod x86 {
                     [s0, b0, s1, b1]: [*const u8; 4],
                     g: usize,
                 ) -> __m128 {
-                    let half = |p: *const u8| u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]) as u64;
-                    let single = |p: *const u8| scale_at(ScaleKind::F32, p, g);
-                    if kind == ScaleKind::F32 {
-                        return _mm_set_ps(single(b1), single(s1), single(b0), single(s0));
-                    }
-                    let bits = half(s0) | (half(b0) << 16) | (half(s1) << 32) | (half(b1) << 48);
-                    // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
-                    let v = unsafe { crate::native::x86::vmovq_to_xmm(bits) };
-                    if kind == ScaleKind::F16 {
-                        _mm_cvtph_ps(v)
-                    } else {
-                        _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), v))
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        let half = |p: *const u8| u16::from_le_bytes([*p.add(2 * g), *p.add(2 * g + 1)]) as u64;
+                        let single = |p: *const u8| scale_at(ScaleKind::F32, p, g);
+                        if kind == ScaleKind::F32 {
+                            return _mm_set_ps(single(b1), single(s1), single(b0), single(s0));
+                        }
+                        let bits = half(s0) | (half(b0) << 16) | (half(s1) << 32) | (half(b1) << 48);
+                        // SAFETY: this module's functions run with AVX2 (see `vmovq_to_xmm`).
+                        let v = crate::native::x86::vmovq_to_xmm(bits);
+                        if kind == ScaleKind::F16 {
+                            _mm_cvtph_ps(v)
+                        } else {
+                            _mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), v))
+                        }
                     }
                 }
 
@@ -475,61 +490,71 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    let block_bytes = QK8 * BITS as usize / 8;
-                    let blocks_per_group = layout.group / QK8;
-                    let n_groups = row.len() / (block_bytes * blocks_per_group);
-                    let c = centre(BITS);
-                    let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
-                    let mut acc = [_mm256_setzero_ps(); N];
-                    let mut bias_terms = [0f32; N];
-                    for g in 0..n_groups {
-                        let s = scale_at(layout.scales, scales, g);
-                        let b = scale_at(layout.scales, biases, g);
-                        // 8-bit values are centred (Q8_0's dot), 4-bit ones used as they
-                        // are (Q4_1's); the bias left after centring is 0 for a Q8_0 copy.
-                        let centred = BITS == 8;
-                        let rest = if centred { b + c as f32 * s } else { b };
-                        for k in 0..blocks_per_group {
-                            let i = g * blocks_per_group + k;
-                            let q = unpack::<BITS>(row.as_ptr().add(i * block_bytes));
-                            if centred {
-                                // Signed values; |q| against sign-adjusted activations (ggml's trick).
-                                let qs = _mm256_sub_epi8(q, centre_bytes);
-                                let ax = _mm256_sign_epi8(qs, qs);
-                                for t in 0..N {
-                                    let a = acts.get_unchecked(t).get_unchecked(i);
-                                    let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                                    let p =
-                                        _mm256_cvtepi32_ps($mul_sum(ax, _mm256_sign_epi8(ay, qs)));
-                                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
-                                    if rest != 0.0 {
-                                        bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        let block_bytes = QK8 * BITS as usize / 8;
+                        let blocks_per_group = layout.group / QK8;
+                        let n_groups = row.len() / (block_bytes * blocks_per_group);
+                        let c = centre(BITS);
+                        let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
+                        let mut acc = [_mm256_setzero_ps(); N];
+                        let mut bias_terms = [0f32; N];
+                        for g in 0..n_groups {
+                            let s = scale_at(layout.scales, scales, g);
+                            let b = scale_at(layout.scales, biases, g);
+                            // 8-bit values are centred (Q8_0's dot), 4-bit ones used as they
+                            // are (Q4_1's); the bias left after centring is 0 for a Q8_0 copy.
+                            let centred = BITS == 8;
+                            let rest = if centred { b + c as f32 * s } else { b };
+                            for k in 0..blocks_per_group {
+                                let i = g * blocks_per_group + k;
+                                let q = unpack::<BITS>(row.as_ptr().add(i * block_bytes));
+                                if centred {
+                                    // Signed values; |q| against sign-adjusted activations (ggml's trick).
+                                    let qs = _mm256_sub_epi8(q, centre_bytes);
+                                    let ax = _mm256_sign_epi8(qs, qs);
+                                    for t in 0..N {
+                                        let a = acts.get_unchecked(t).get_unchecked(i);
+                                        let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                                        let p =
+                                            _mm256_cvtepi32_ps($mul_sum(ax, _mm256_sign_epi8(ay, qs)));
+                                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
+                                        if rest != 0.0 {
+                                            bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
+                                        }
                                     }
-                                }
-                            } else {
-                                // Unsigned 4-bit values straight into `maddubs` (Q4_1).
-                                for t in 0..N {
-                                    let a = acts.get_unchecked(t).get_unchecked(i);
-                                    let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                                    let p = _mm256_cvtepi32_ps($mul_sum(q, ay));
-                                    // ggml's `summs += m·s`, which GCC contracts to an FMA.
-                                    bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
-                                    acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
+                                } else {
+                                    // Unsigned 4-bit values straight into `maddubs` (Q4_1).
+                                    for t in 0..N {
+                                        let a = acts.get_unchecked(t).get_unchecked(i);
+                                        let ay = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                                        let p = _mm256_cvtepi32_ps($mul_sum(q, ay));
+                                        // ggml's `summs += m·s`, which GCC contracts to an FMA.
+                                        bias_terms[t] = rest.mul_add(a.s, bias_terms[t]);
+                                        acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(s * a.d), p, acc[t]);
+                                    }
                                 }
                             }
                         }
-                    }
-                    for t in 0..N {
-                        out[t] = hsum(acc[t]) + bias_terms[t];
+                        for t in 0..N {
+                            out[t] = hsum(acc[t]) + bias_terms[t];
+                        }
                     }
                 }
 
                 /// Row `r`'s scales and biases and row `r + 1`'s, as [`pair_scales`] takes them.
                 #[inline(always)]
                 unsafe fn pair_scale_ptrs(rows: &MlxRowsData, r: usize) -> [*const u8; 4] {
-                    let sb = rows.scale_row_bytes;
-                    let (s0, b0) = (rows.scales.as_ptr().add(r * sb), rows.biases.as_ptr().add(r * sb));
-                    [s0, b0, s0.add(sb), b0.add(sb)]
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        let sb = rows.scale_row_bytes;
+                        let (s0, b0) = (rows.scales.as_ptr().add(r * sb), rows.biases.as_ptr().add(r * sb));
+                        [s0, b0, s0.add(sb), b0.add(sb)]
+                    }
                 }
 
                 /// The last row of an odd group through the token-tiled kernel.
@@ -540,10 +565,15 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    let n = rows.n_rows();
-                    if n % 2 == 1 {
-                        let (data, scales, biases) = rows.row(n - 1);
-                        row_n::<BITS, 1>(layout, data, scales.as_ptr(), biases.as_ptr(), acts, &mut out[n - 1..n]);
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        let n = rows.n_rows();
+                        if n % 2 == 1 {
+                            let (data, scales, biases) = rows.row(n - 1);
+                            row_n::<BITS, 1>(layout, data, scales.as_ptr(), biases.as_ptr(), acts, &mut out[n - 1..n]);
+                        }
                     }
                 }
 
@@ -554,20 +584,25 @@ mod x86 {
                 /// 32-byte loads, not broadcasts (a shuffle µop each on Zen 3).
                 #[target_feature(enable = $features)]
                 unsafe fn split_even_odd(a: &[BlockQ8], n_blocks: usize, split: &mut Vec<[u8; 64]>) {
-                    split.clear();
-                    split.resize(n_blocks, [0; 64]);
-                    // Within each 128-bit lane: its even bytes, then its odd ones.
-                    let within = _mm256_setr_epi8(
-                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, //
-                        0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
-                    );
-                    for (dst, ab) in split.iter_mut().zip(a) {
-                        let v = _mm256_shuffle_epi8(_mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i), within);
-                        // [even 0..16 | odd 0..16 | even 16..32 | odd 16..32] → [even | even], [odd | odd].
-                        let even = _mm256_permute4x64_epi64(v, 0b10_00_10_00);
-                        let odd = _mm256_permute4x64_epi64(v, 0b11_01_11_01);
-                        _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, even);
-                        _mm256_storeu_si256(dst.as_mut_ptr().add(32) as *mut __m256i, odd);
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        split.clear();
+                        split.resize(n_blocks, [0; 64]);
+                        // Within each 128-bit lane: its even bytes, then its odd ones.
+                        let within = _mm256_setr_epi8(
+                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, //
+                            0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                        );
+                        for (dst, ab) in split.iter_mut().zip(a) {
+                            let v = _mm256_shuffle_epi8(_mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i), within);
+                            // [even 0..16 | odd 0..16 | even 16..32 | odd 16..32] → [even | even], [odd | odd].
+                            let even = _mm256_permute4x64_epi64(v, 0b10_00_10_00);
+                            let odd = _mm256_permute4x64_epi64(v, 0b11_01_11_01);
+                            _mm256_storeu_si256(dst.as_mut_ptr() as *mut __m256i, even);
+                            _mm256_storeu_si256(dst.as_mut_ptr().add(32) as *mut __m256i, odd);
+                        }
                     }
                 }
 
@@ -582,26 +617,31 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    let mut split = SPLIT_ACTS.with(|c| c.take());
-                    split_even_odd(acts.get_unchecked(0), rows.row_bytes / (QK8 / 2), &mut split);
-                    let a = split.as_ptr() as *const u8;
-                    let q8 = *acts.get_unchecked(0);
-                    let n_pairs = rows.n_rows() / 2;
-                    let bulk = n_pairs / 2 * 2;
-                    macro_rules! runs {
-                        ($g:literal) => {{
-                            gemv4_pair_runs::<2, $g>(layout, rows, a, q8, 0..bulk, out);
-                            gemv4_pair_runs::<1, $g>(layout, rows, a, q8, bulk..n_pairs, out);
-                        }};
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        let mut split = SPLIT_ACTS.with(|c| c.take());
+                        split_even_odd(acts.get_unchecked(0), rows.row_bytes / (QK8 / 2), &mut split);
+                        let a = split.as_ptr() as *const u8;
+                        let q8 = *acts.get_unchecked(0);
+                        let n_pairs = rows.n_rows() / 2;
+                        let bulk = n_pairs / 2 * 2;
+                        macro_rules! runs {
+                            ($g:literal) => {{
+                                gemv4_pair_runs::<2, $g>(layout, rows, a, q8, 0..bulk, out);
+                                gemv4_pair_runs::<1, $g>(layout, rows, a, q8, bulk..n_pairs, out);
+                            }};
+                        }
+                        match layout.group / QK8 {
+                            1 => runs!(1),
+                            2 => runs!(2),
+                            4 => runs!(4),
+                            _ => runs!(0),
+                        }
+                        SPLIT_ACTS.with(|c| c.replace(split));
+                        last_row::<4>(layout, rows, acts, out);
                     }
-                    match layout.group / QK8 {
-                        1 => runs!(1),
-                        2 => runs!(2),
-                        4 => runs!(4),
-                        _ => runs!(0),
-                    }
-                    SPLIT_ACTS.with(|c| c.replace(split));
-                    last_row::<4>(layout, rows, acts, out);
                 }
 
                 /// Most groups per row whose scales [`gemv4_pair_runs`] converts ahead of a pass
@@ -639,90 +679,95 @@ mod x86 {
                     pairs: std::ops::Range<usize>,
                     out: &mut [f32],
                 ) {
-                    const BLOCK_BYTES: usize = QK8 / 2;
-                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
-                    let blocks_per_group = if G == 0 { layout.group / QK8 } else { G };
-                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
-                    let ahead = scales_ahead(rb, sb);
-                    let nibble = _mm256_set1_epi8(0x0F);
-                    let low_i16 = _mm256_set1_epi32(1);
-                    // Lane 0 (s0) of `[s0, b0, s1, b1]` into lanes 0..4, lane 2 (s1) into 4..8.
-                    let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
-                    let mut table = [const { std::mem::MaybeUninit::<__m128>::uninit() }; 2 * MAX_TABLE_GROUPS];
-                    let converted = P * n_groups <= table.len();
-                    for first in pairs.step_by(P) {
-                        // The `2P` rows of this pass are adjacent, and so are their scales and biases.
-                        // (Plain loops fill the per-pair arrays: a closure would not inherit this
-                        // function's target features, and its intrinsics would become calls.)
-                        let r0 = rows.data.as_ptr().add(2 * first * rb);
-                        let mut scales = [[std::ptr::null::<u8>(); 4]; P];
-                        for q in 0..P {
-                            scales[q] = pair_scale_ptrs(rows, 2 * (first + q));
-                        }
-                        prefetch_scales(scales[0][0], scales[0][1], 2 * P * sb, ahead);
-                        // Every group's [s0, b0, s1, b1] of each pair, converted before the values'
-                        // loop, where the eight scale and bias pointers would not fit in registers.
-                        if converted {
-                            for g in 0..n_groups {
-                                for q in 0..P {
-                                    table.get_unchecked_mut(g * P + q).write(pair_scales(layout.scales, scales[q], g));
-                                }
-                            }
-                        }
-                        let mut even = [_mm256_setzero_ps(); P];
-                        let mut odd = [_mm256_setzero_ps(); P];
-                        let mut bias_terms = [_mm_setzero_ps(); P];
-                        for g in 0..n_groups {
-                            // [s0, b0, s1, b1] of each pair for this group, converted once for its
-                            // blocks, and its scales spread as [s0 ×4 | s1 ×4].
-                            let (mut sb4, mut s8) = ([_mm_setzero_ps(); P], [_mm256_setzero_ps(); P]);
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        const BLOCK_BYTES: usize = QK8 / 2;
+                        let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
+                        let blocks_per_group = if G == 0 { layout.group / QK8 } else { G };
+                        let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
+                        let ahead = scales_ahead(rb, sb);
+                        let nibble = _mm256_set1_epi8(0x0F);
+                        let low_i16 = _mm256_set1_epi32(1);
+                        // Lane 0 (s0) of `[s0, b0, s1, b1]` into lanes 0..4, lane 2 (s1) into 4..8.
+                        let pick = _mm256_set_epi32(2, 2, 2, 2, 0, 0, 0, 0);
+                        let mut table = [const { std::mem::MaybeUninit::<__m128>::uninit() }; 2 * MAX_TABLE_GROUPS];
+                        let converted = P * n_groups <= table.len();
+                        for first in pairs.step_by(P) {
+                            // The `2P` rows of this pass are adjacent, and so are their scales and biases.
+                            // (Plain loops fill the per-pair arrays: a closure would not inherit this
+                            // function's target features, and its intrinsics would become calls.)
+                            let r0 = rows.data.as_ptr().add(2 * first * rb);
+                            let mut scales = [[std::ptr::null::<u8>(); 4]; P];
                             for q in 0..P {
-                                sb4[q] = if converted {
-                                    table.get_unchecked(g * P + q).assume_init()
-                                } else {
-                                    pair_scales(layout.scales, scales[q], g)
-                                };
-                                s8[q] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sb4[q]), pick);
+                                scales[q] = pair_scale_ptrs(rows, 2 * (first + q));
                             }
-                            for k in 0..blocks_per_group {
-                                let i = g * blocks_per_group + k;
-                                // One linear prefetch stream over the pass's rows.
-                                prefetch_linear(r0.wrapping_add(2 * P * i * BLOCK_BYTES), 2 * P * BLOCK_BYTES);
-                                let ab = q8.get_unchecked(i);
-                                let a_even = _mm256_loadu_si256(a.add(64 * i) as *const __m256i);
-                                let a_odd = _mm256_loadu_si256(a.add(64 * i + 32) as *const __m256i);
-                                let da = _mm256_set1_ps(ab.d);
-                                let sa = _mm_set1_ps(ab.s);
-                                for q in 0..P {
-                                    // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
-                                    // (The pair's second row follows its first in `rows.data`.)
-                                    let b0 = r0.add(2 * q * rb + i * BLOCK_BYTES);
-                                    let v = pair_halves(b0, b0.add(rb));
-                                    let q_even = _mm256_and_si256(v, nibble);
-                                    let q_odd = high_nibbles(v);
-                                    // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
-                                    let sums = _mm256_add_epi16(
-                                        _mm256_maddubs_epi16(q_even, a_even),
-                                        _mm256_maddubs_epi16(q_odd, a_odd),
-                                    );
-                                    let (p_even, p_odd) = (_mm256_madd_epi16(sums, low_i16), _mm256_srai_epi32(sums, 16));
-                                    // [s0·d_a ×4 | s1·d_a ×4]: the same f32 products as `row_n`'s `s·d_a`.
-                                    let dd = _mm256_mul_ps(s8[q], da);
-                                    even[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_even), even[q]);
-                                    odd[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_odd), odd[q]);
-                                    // Lanes 1 and 3: `b·s_a` fused into each row's bias sum.
-                                    bias_terms[q] = _mm_fmadd_ps(sb4[q], sa, bias_terms[q]);
+                            prefetch_scales(scales[0][0], scales[0][1], 2 * P * sb, ahead);
+                            // Every group's [s0, b0, s1, b1] of each pair, converted before the values'
+                            // loop, where the eight scale and bias pointers would not fit in registers.
+                            if converted {
+                                for g in 0..n_groups {
+                                    for q in 0..P {
+                                        table.get_unchecked_mut(g * P + q).write(pair_scales(layout.scales, scales[q], g));
+                                    }
                                 }
                             }
-                        }
-                        for q in 0..P {
-                            // Each row's lanes 0..4 and 4..8 back in order, and hsum's first step.
-                            let (lo, hi) = (_mm256_unpacklo_ps(even[q], odd[q]), _mm256_unpackhi_ps(even[q], odd[q]));
-                            let halves = _mm256_add_ps(lo, hi);
-                            let b = bias_terms[q];
-                            let o = 2 * (first + q);
-                            *out.get_unchecked_mut(o) = hsum128(_mm256_castps256_ps128(halves)) + _mm_cvtss_f32(_mm_movehdup_ps(b));
-                            *out.get_unchecked_mut(o + 1) = hsum128(_mm256_extractf128_ps(halves, 1)) + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3));
+                            let mut even = [_mm256_setzero_ps(); P];
+                            let mut odd = [_mm256_setzero_ps(); P];
+                            let mut bias_terms = [_mm_setzero_ps(); P];
+                            for g in 0..n_groups {
+                                // [s0, b0, s1, b1] of each pair for this group, converted once for its
+                                // blocks, and its scales spread as [s0 ×4 | s1 ×4].
+                                let (mut sb4, mut s8) = ([_mm_setzero_ps(); P], [_mm256_setzero_ps(); P]);
+                                for q in 0..P {
+                                    sb4[q] = if converted {
+                                        table.get_unchecked(g * P + q).assume_init()
+                                    } else {
+                                        pair_scales(layout.scales, scales[q], g)
+                                    };
+                                    s8[q] = _mm256_permutevar8x32_ps(_mm256_castps128_ps256(sb4[q]), pick);
+                                }
+                                for k in 0..blocks_per_group {
+                                    let i = g * blocks_per_group + k;
+                                    // One linear prefetch stream over the pass's rows.
+                                    prefetch_linear(r0.wrapping_add(2 * P * i * BLOCK_BYTES), 2 * P * BLOCK_BYTES);
+                                    let ab = q8.get_unchecked(i);
+                                    let a_even = _mm256_loadu_si256(a.add(64 * i) as *const __m256i);
+                                    let a_odd = _mm256_loadu_si256(a.add(64 * i + 32) as *const __m256i);
+                                    let da = _mm256_set1_ps(ab.d);
+                                    let sa = _mm_set1_ps(ab.s);
+                                    for q in 0..P {
+                                        // Both rows' bytes: values 2j in the low nibbles, 2j + 1 in the high.
+                                        // (The pair's second row follows its first in `rows.data`.)
+                                        let b0 = r0.add(2 * q * rb + i * BLOCK_BYTES);
+                                        let v = pair_halves(b0, b0.add(rb));
+                                        let q_even = _mm256_and_si256(v, nibble);
+                                        let q_odd = high_nibbles(v);
+                                        // 16-bit lane k of a row: Σ of its values 4k..4k+4 times the activations.
+                                        let sums = _mm256_add_epi16(
+                                            _mm256_maddubs_epi16(q_even, a_even),
+                                            _mm256_maddubs_epi16(q_odd, a_odd),
+                                        );
+                                        let (p_even, p_odd) = (_mm256_madd_epi16(sums, low_i16), _mm256_srai_epi32(sums, 16));
+                                        // [s0·d_a ×4 | s1·d_a ×4]: the same f32 products as `row_n`'s `s·d_a`.
+                                        let dd = _mm256_mul_ps(s8[q], da);
+                                        even[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_even), even[q]);
+                                        odd[q] = _mm256_fmadd_ps(dd, _mm256_cvtepi32_ps(p_odd), odd[q]);
+                                        // Lanes 1 and 3: `b·s_a` fused into each row's bias sum.
+                                        bias_terms[q] = _mm_fmadd_ps(sb4[q], sa, bias_terms[q]);
+                                    }
+                                }
+                            }
+                            for q in 0..P {
+                                // Each row's lanes 0..4 and 4..8 back in order, and hsum's first step.
+                                let (lo, hi) = (_mm256_unpacklo_ps(even[q], odd[q]), _mm256_unpackhi_ps(even[q], odd[q]));
+                                let halves = _mm256_add_ps(lo, hi);
+                                let b = bias_terms[q];
+                                let o = 2 * (first + q);
+                                *out.get_unchecked_mut(o) = hsum128(_mm256_castps256_ps128(halves)) + _mm_cvtss_f32(_mm_movehdup_ps(b));
+                                *out.get_unchecked_mut(o + 1) = hsum128(_mm256_extractf128_ps(halves, 1)) + _mm_cvtss_f32(_mm_shuffle_ps(b, b, 3));
+                            }
                         }
                     }
                 }
@@ -739,51 +784,56 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    const BLOCK_BYTES: usize = QK8;
-                    let a = *acts.get_unchecked(0);
-                    let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
-                    let blocks_per_group = layout.group / QK8;
-                    let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
-                    let ahead = scales_ahead(rb, sb);
-                    let c = centre(8);
-                    let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
-                    for (pair, o) in out.chunks_exact_mut(2).take(rows.n_rows() / 2).enumerate() {
-                        let r0 = rows.data.as_ptr().add(2 * pair * rb);
-                        let r1 = r0.add(rb);
-                        let [s0p, b0p, s1p, b1p] = pair_scale_ptrs(rows, 2 * pair);
-                        prefetch_scales(s0p, b0p, 2 * sb, ahead);
-                        let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-                        let (mut bias0, mut bias1) = (0f32, 0f32);
-                        for g in 0..n_groups {
-                            let (s0, s1) = (scale_at(layout.scales, s0p, g), scale_at(layout.scales, s1p, g));
-                            // The bias left after centring (0 for a Q8_0 copy), as `row_n`.
-                            let rest0 = scale_at(layout.scales, b0p, g) + c as f32 * s0;
-                            let rest1 = scale_at(layout.scales, b1p, g) + c as f32 * s1;
-                            for k in 0..blocks_per_group {
-                                let i = g * blocks_per_group + k;
-                                // One linear prefetch stream over the pair (a line per block).
-                                prefetch_linear(r0.wrapping_add(2 * i * BLOCK_BYTES), 2 * BLOCK_BYTES);
-                                let ab = a.get_unchecked(i);
-                                let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
-                                // Signed values; |q| against sign-adjusted activations (ggml's trick).
-                                let q0 = _mm256_sub_epi8(_mm256_loadu_si256(r0.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
-                                let q1 = _mm256_sub_epi8(_mm256_loadu_si256(r1.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
-                                let p0 = $mul_sum(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(ay, q0));
-                                let p1 = $mul_sum(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(ay, q1));
-                                acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0 * ab.d), _mm256_cvtepi32_ps(p0), acc0);
-                                acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1 * ab.d), _mm256_cvtepi32_ps(p1), acc1);
-                                if rest0 != 0.0 {
-                                    bias0 = rest0.mul_add(ab.s, bias0);
-                                }
-                                if rest1 != 0.0 {
-                                    bias1 = rest1.mul_add(ab.s, bias1);
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        const BLOCK_BYTES: usize = QK8;
+                        let a = *acts.get_unchecked(0);
+                        let (rb, sb) = (rows.row_bytes, rows.scale_row_bytes);
+                        let blocks_per_group = layout.group / QK8;
+                        let n_groups = rb / (BLOCK_BYTES * blocks_per_group);
+                        let ahead = scales_ahead(rb, sb);
+                        let c = centre(8);
+                        let centre_bytes = _mm256_set1_epi8(c as u8 as i8);
+                        for (pair, o) in out.chunks_exact_mut(2).take(rows.n_rows() / 2).enumerate() {
+                            let r0 = rows.data.as_ptr().add(2 * pair * rb);
+                            let r1 = r0.add(rb);
+                            let [s0p, b0p, s1p, b1p] = pair_scale_ptrs(rows, 2 * pair);
+                            prefetch_scales(s0p, b0p, 2 * sb, ahead);
+                            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+                            let (mut bias0, mut bias1) = (0f32, 0f32);
+                            for g in 0..n_groups {
+                                let (s0, s1) = (scale_at(layout.scales, s0p, g), scale_at(layout.scales, s1p, g));
+                                // The bias left after centring (0 for a Q8_0 copy), as `row_n`.
+                                let rest0 = scale_at(layout.scales, b0p, g) + c as f32 * s0;
+                                let rest1 = scale_at(layout.scales, b1p, g) + c as f32 * s1;
+                                for k in 0..blocks_per_group {
+                                    let i = g * blocks_per_group + k;
+                                    // One linear prefetch stream over the pair (a line per block).
+                                    prefetch_linear(r0.wrapping_add(2 * i * BLOCK_BYTES), 2 * BLOCK_BYTES);
+                                    let ab = a.get_unchecked(i);
+                                    let ay = _mm256_loadu_si256(ab.qs.as_ptr() as *const __m256i);
+                                    // Signed values; |q| against sign-adjusted activations (ggml's trick).
+                                    let q0 = _mm256_sub_epi8(_mm256_loadu_si256(r0.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
+                                    let q1 = _mm256_sub_epi8(_mm256_loadu_si256(r1.add(i * BLOCK_BYTES) as *const __m256i), centre_bytes);
+                                    let p0 = $mul_sum(_mm256_sign_epi8(q0, q0), _mm256_sign_epi8(ay, q0));
+                                    let p1 = $mul_sum(_mm256_sign_epi8(q1, q1), _mm256_sign_epi8(ay, q1));
+                                    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(s0 * ab.d), _mm256_cvtepi32_ps(p0), acc0);
+                                    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(s1 * ab.d), _mm256_cvtepi32_ps(p1), acc1);
+                                    if rest0 != 0.0 {
+                                        bias0 = rest0.mul_add(ab.s, bias0);
+                                    }
+                                    if rest1 != 0.0 {
+                                        bias1 = rest1.mul_add(ab.s, bias1);
+                                    }
                                 }
                             }
+                            o[0] = hsum(acc0) + bias0;
+                            o[1] = hsum(acc1) + bias1;
                         }
-                        o[0] = hsum(acc0) + bias0;
-                        o[1] = hsum(acc1) + bias1;
+                        last_row::<8>(layout, rows, acts, out);
                     }
-                    last_row::<8>(layout, rows, acts, out);
                 }
 
                 /// Every row of `rows` × the tile, `BITS` fixed.
@@ -794,16 +844,21 @@ mod x86 {
                     acts: &[&[BlockQ8]],
                     out: &mut [f32],
                 ) {
-                    for r in 0..rows.n_rows() {
-                        let (data, scales, biases) = rows.row(r);
-                        row_n::<BITS, N>(
-                            layout,
-                            data,
-                            scales.as_ptr(),
-                            biases.as_ptr(),
-                            acts,
-                            &mut out[r * N..(r + 1) * N],
-                        );
+                    // SAFETY: the caller upholds this function's safety contract (its
+                    // `# Safety` section or the module's), which every unsafe operation
+                    // below relies on.
+                    unsafe {
+                        for r in 0..rows.n_rows() {
+                            let (data, scales, biases) = rows.row(r);
+                            row_n::<BITS, N>(
+                                layout,
+                                data,
+                                scales.as_ptr(),
+                                biases.as_ptr(),
+                                acts,
+                                &mut out[r * N..(r + 1) * N],
+                            );
+                        }
                     }
                 }
 

@@ -24,9 +24,9 @@ use flatrun_format::GgmlType;
 use crate::check::{check_dequantize, check_matmul};
 use crate::decode::decode_row;
 use crate::weight::WeightFormat;
-use crate::{clamp_to_host, supported_levels, KernelError, Kernels, SimdLevel, Weight};
+use crate::{KernelError, Kernels, SimdLevel, Weight, clamp_to_host, supported_levels};
 use dispatch::Dispatch;
-use quantize::{quantize_q8, quantize_q8k, BlockQ8, BlockQ8K, QK8, QK_K};
+use quantize::{BlockQ8, BlockQ8K, QK_K, QK8, quantize_q8, quantize_q8k};
 
 /// Tokens sharing one unpacked weight block. 4 is also the tile of ggml's repacked Q4_K
 /// GEMM, whose float order depends on it: a tile of 4 always starts at a multiple of 4.
@@ -49,8 +49,8 @@ pub struct NativeKernels {
 }
 
 /// How a weight format meets its activations.
-#[derive(Clone, Copy)]
-enum Partner {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Partner {
     /// Integer dots against Q8 blocks of 32 (ggml Q8_0/Q8_1).
     Q8,
     /// Integer dots against Q8_K blocks of 256.
@@ -63,13 +63,48 @@ enum Partner {
     DecodeRow,
 }
 
-fn partner(format: WeightFormat) -> Partner {
-    use GgmlType::*;
+/// How weights of `format` meet their activations (the reference backend rounds
+/// its activations by the same choice).
+pub(crate) fn partner(format: WeightFormat) -> Partner {
     match format {
-        WeightFormat::Ggml(Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | IQ4_NL | Q1_0) => Partner::Q8,
-        WeightFormat::Ggml(Q2_K | Q3_K | Q4_K | Q5_K | Q6_K | IQ4_XS) => Partner::Q8K,
-        WeightFormat::Ggml(F32 | F16 | BF16) => Partner::F32,
+        WeightFormat::Ggml(t) => ggml_partner(t),
         WeightFormat::MlxAffine { .. } => mlx_affine::partner(format).unwrap_or(Partner::DecodeRow),
+    }
+}
+
+/// The GGML formats with fused kernels (at every SIMD level), each with its
+/// flatrun-dequant block struct: the block's dot partner
+/// ([`flatrun_dequant::BlockFormat::DotPartner`]) says which activations its
+/// integer kernels meet. A plain match, so the choice costs what a table
+/// lookup does.
+const fn ggml_partner(t: GgmlType) -> Partner {
+    use GgmlType::*;
+    use flatrun_dequant::*;
+    match t {
+        F32 | F16 | BF16 => Partner::F32,
+        Q4_0 => fused::<BlockQ4_0>(),
+        Q4_1 => fused::<BlockQ4_1>(),
+        Q5_0 => fused::<BlockQ5_0>(),
+        Q5_1 => fused::<BlockQ5_1>(),
+        Q8_0 => fused::<BlockQ8_0>(),
+        IQ4_NL => fused::<BlockIq4Nl>(),
+        Q1_0 => fused::<BlockQ1_0>(),
+        Q2_K => fused::<BlockQ2K>(),
+        Q3_K => fused::<BlockQ3K>(),
+        Q4_K => fused::<BlockQ4K>(),
+        Q5_K => fused::<BlockQ5K>(),
+        Q6_K => fused::<BlockQ6K>(),
+        IQ4_XS => fused::<BlockIq4Xs>(),
+        _ => Partner::DecodeRow,
+    }
+}
+
+/// The activations a fused kernel for blocks `B` meets: Q8 blocks of 32 for a
+/// Q8_0/Q8_1 partner, Q8_K blocks for a Q8_K one.
+const fn fused<B: flatrun_dequant::BlockFormat>() -> Partner {
+    match <B::DotPartner as flatrun_dequant::BlockFormat>::TYPE {
+        GgmlType::Q8_0 | GgmlType::Q8_1 => Partner::Q8,
+        GgmlType::Q8_K => Partner::Q8K,
         _ => Partner::DecodeRow,
     }
 }

@@ -8,37 +8,19 @@ use half::f16;
 
 /// Values per [`BlockQ8`].
 pub const QK8: usize = 32;
-/// Values per [`BlockQ8K`].
-pub const QK_K: usize = 256;
+pub use flatrun_dequant::{BlockQ8K, QK_K};
 
 /// 32 activations as `d * qs[i]`: the partner of Q4_0/Q5_0/Q8_0/IQ4_NL/Q1_0 (ggml Q8_0)
 /// and, with `s = d * Σqs`, of Q4_1/Q5_1 (ggml Q8_1). `d` and `s` are rounded
-/// through f16 exactly as ggml stores them.
+/// through f16 exactly as ggml stores them, and kept as f32 so the kernels read
+/// them without a conversion (flatrun-dequant's [`flatrun_dequant::BlockQ8_0`]
+/// and [`flatrun_dequant::BlockQ8_1`] are the f16 on-disk layouts).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 #[repr(C)]
 pub struct BlockQ8 {
     pub d: f32,
     pub s: f32,
     pub qs: [i8; QK8],
-}
-
-/// 256 activations as `d * qs[i]` with per-16 sums: the partner of the K-quants and IQ4_XS (ggml Q8_K).
-#[derive(Clone, Copy, Debug, PartialEq)]
-#[repr(C)]
-pub struct BlockQ8K {
-    pub d: f32,
-    pub qs: [i8; QK_K],
-    pub bsums: [i16; QK_K / 16],
-}
-
-impl Default for BlockQ8K {
-    fn default() -> Self {
-        BlockQ8K {
-            d: 0.0,
-            qs: [0; QK_K],
-            bsums: [0; QK_K / 16],
-        }
-    }
 }
 
 /// Quantize `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
@@ -77,7 +59,7 @@ fn has_avx2() -> bool {
 /// `round_ties_even` becomes `vroundps`, instead of a libm call per value).
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{quantize_q8_body, quantize_q8k_body, BlockQ8, BlockQ8K};
+    use super::{BlockQ8, BlockQ8K, quantize_q8_body, quantize_q8k_body};
 
     /// # Safety
     /// The CPU must support AVX2, FMA and F16C.

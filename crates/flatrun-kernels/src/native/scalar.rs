@@ -1,11 +1,42 @@
 //! Portable kernels: the same integer arithmetic as the SIMD ones, one value at a time.
-//! They serve `SimdLevel::Scalar` (and every level on a CPU without a SIMD version).
+//! They serve `SimdLevel::Scalar` (and every level on a CPU without a SIMD version), and
+//! every SIMD entry point falls back to them for a call whose slices it cannot vouch for.
+//! Blocks are read through flatrun-dequant's structs, one unpacker per format.
 
+use flatrun_dequant::blocks::k_quants::{q3k_scales, scale_min_k4};
+use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
+use flatrun_dequant::{
+    BlockFormat, BlockIq4Nl, BlockIq4Xs, BlockQ1_0, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1,
+    BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0,
+};
 use flatrun_format::GgmlType;
 use half::{bf16, f16};
 
-use super::quantize::{BlockQ8, BlockQ8K, QK8, QK_K};
-use crate::decode::{f16_at, k4_scale_min, q3k_scales, IQ4NL_LEVELS};
+use super::dispatch::each_row;
+use super::quantize::{BlockQ8, BlockQ8K, QK_K, QK8};
+
+/// Rows × Q8 tile (legacy formats, Q1_0, IQ4_NL): the `Scalar` level's entry,
+/// as `x86::*::rows_q8` and `arm::*::rows_q8` are the SIMD levels'.
+pub(crate) fn rows_q8(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8]], out: &mut [f32]) {
+    each_row(dot_q8, t, rows, rb, acts, out)
+}
+
+/// Rows × Q8_K tile (K-quants, IQ4_XS).
+pub(crate) fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+    each_row(dot_q8k, t, rows, rb, acts, out)
+}
+
+/// Rows × f32 tile (F32, F16, BF16).
+pub(crate) fn rows_f32(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[f32]], out: &mut [f32]) {
+    each_row(dot_f32, t, rows, rb, acts, out)
+}
+
+/// The block at the start of `blk` (exactly one block's bytes: the callers
+/// cut rows with `chunks_exact(type_size)`), copied out of the unaligned bytes.
+#[inline]
+fn read<B: BlockFormat>(blk: &[u8]) -> B {
+    bytemuck::pod_read_unaligned(&blk[..B::BLOCK_BYTES])
+}
 
 /// A 32-value block of a legacy format as integers: value = `d * q + m`.
 struct Block32 {
@@ -14,63 +45,84 @@ struct Block32 {
     m: f32,
 }
 
+/// The 32 values of 16 bytes of nibbles `qs` (byte `j`: value `j` in the low
+/// nibble, `j + 16` in the high one), each mapped by `value`.
+#[inline]
+fn split_nibbles(qs: &[u8], value: impl Fn(u8) -> i8) -> [i8; QK8] {
+    let mut q = [0i8; QK8];
+    for (j, &b) in qs.iter().enumerate() {
+        q[j] = value(b & 0xF);
+        q[j + 16] = value(b >> 4);
+    }
+    q
+}
+
+/// The 32 values of a 5-bit block: the nibbles of `qs` with bit `j` of `qh`
+/// as the fifth bit of value `j`, less `bias`.
+#[inline]
+fn fifth_bits(qs: &[u8; 16], qh: [u8; 4], bias: i8) -> [i8; QK8] {
+    let qh = u32::from_le_bytes(qh);
+    let mut q = [0i8; QK8];
+    for (j, &b) in qs.iter().enumerate() {
+        let lo = (b & 0xF) | ((((qh >> j) & 1) as u8) << 4);
+        let hi = (b >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+        q[j] = lo as i8 - bias;
+        q[j + 16] = hi as i8 - bias;
+    }
+    q
+}
+
 /// Unpack sub-block `sub` of the weight block at `blk` (Q1_0 has 4 sub-blocks; the rest 1).
 fn unpack_block32(t: GgmlType, blk: &[u8], sub: usize) -> Block32 {
-    let mut q = [0i8; QK8];
-    let (d, m) = match t {
-        GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::IQ4_NL => {
-            let off = if t == GgmlType::Q4_1 { 4 } else { 2 };
-            for j in 0..16 {
-                let (lo, hi) = (blk[off + j] & 0xF, blk[off + j] >> 4);
-                let (lo, hi) = match t {
-                    GgmlType::Q4_0 => (lo as i8 - 8, hi as i8 - 8),
-                    GgmlType::IQ4_NL => (IQ4NL_LEVELS[lo as usize], IQ4NL_LEVELS[hi as usize]),
-                    _ => (lo as i8, hi as i8),
-                };
-                q[j] = lo;
-                q[j + 16] = hi;
-            }
-            let m = if t == GgmlType::Q4_1 {
-                f16_at(blk, 2)
-            } else {
-                0.0
-            };
-            (f16_at(blk, 0), m)
+    let block = |q, d: f16, m: f32| Block32 {
+        q,
+        d: d.to_f32(),
+        m,
+    };
+    match t {
+        GgmlType::Q4_0 => {
+            let b: BlockQ4_0 = read(blk);
+            block(split_nibbles(&b.qs, |v| v as i8 - 8), b.d, 0.0)
         }
-        GgmlType::Q5_0 | GgmlType::Q5_1 => {
-            let off = if t == GgmlType::Q5_1 { 4 } else { 2 };
-            let qh = u32::from_le_bytes([blk[off], blk[off + 1], blk[off + 2], blk[off + 3]]);
-            let bias = if t == GgmlType::Q5_0 { 16 } else { 0 };
-            for j in 0..16 {
-                let b = blk[off + 4 + j];
-                let lo = (b & 0xF) | ((((qh >> j) & 1) as u8) << 4);
-                let hi = (b >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                q[j] = lo as i8 - bias;
-                q[j + 16] = hi as i8 - bias;
-            }
-            let m = if t == GgmlType::Q5_1 {
-                f16_at(blk, 2)
-            } else {
-                0.0
-            };
-            (f16_at(blk, 0), m)
+        GgmlType::Q4_1 => {
+            let b: BlockQ4_1 = read(blk);
+            block(split_nibbles(&b.qs, |v| v as i8), b.d, b.m.to_f32())
+        }
+        GgmlType::IQ4_NL => {
+            let b: BlockIq4Nl = read(blk);
+            block(
+                split_nibbles(&b.qs, |v| KVALUES_IQ4NL[v as usize]),
+                b.d,
+                0.0,
+            )
+        }
+        GgmlType::Q5_0 => {
+            let b: BlockQ5_0 = read(blk);
+            block(fifth_bits(&b.qs, b.qh, 16), b.d, 0.0)
+        }
+        GgmlType::Q5_1 => {
+            let b: BlockQ5_1 = read(blk);
+            block(fifth_bits(&b.qs, b.qh, 0), b.d, b.m.to_f32())
         }
         GgmlType::Q8_0 => {
-            for j in 0..QK8 {
-                q[j] = blk[2 + j] as i8;
-            }
-            (f16_at(blk, 0), 0.0)
+            let b: BlockQ8_0 = read(blk);
+            block(b.qs, b.d, 0.0)
         }
         GgmlType::Q1_0 => {
-            for j in 0..QK8 {
-                let bit = (blk[2 + 4 * sub + j / 8] >> (j % 8)) & 1;
-                q[j] = if bit == 1 { 1 } else { -1 };
+            let b: BlockQ1_0 = read(blk);
+            let mut q = [0i8; QK8];
+            for (j, v) in q.iter_mut().enumerate() {
+                let bit = (b.qs[4 * sub + j / 8] >> (j % 8)) & 1;
+                *v = if bit == 1 { 1 } else { -1 };
             }
-            (f16_at(blk, 0), 0.0)
+            block(q, b.d, 0.0)
         }
-        _ => (0.0, 0.0),
-    };
-    Block32 { q, d, m }
+        _ => Block32 {
+            q: [0; QK8],
+            d: 0.0,
+            m: 0.0,
+        },
+    }
 }
 
 /// Row × Q8 activations for the legacy formats, Q1_0 and IQ4_NL.
@@ -107,6 +159,33 @@ struct Block256 {
     dmin: f32,
 }
 
+/// The values, scales and mins of a Q4_K (`qh = None`) or Q5_K block.
+fn unpack_k45(
+    b: &mut Block256,
+    (d, dmin): (f16, f16),
+    scales: &[u8; 12],
+    qs: &[u8; QK_K / 2],
+    qh: Option<&[u8; QK_K / 8]>,
+) {
+    b.d = d.to_f32();
+    b.dmin = dmin.to_f32();
+    for j in 0..8 {
+        let (s, m) = scale_min_k4(j, scales);
+        b.scale[2 * j] = s as i32;
+        b.scale[2 * j + 1] = s as i32;
+        b.min[2 * j] = m as i32;
+        b.min[2 * j + 1] = m as i32;
+    }
+    for i in 0..QK_K {
+        let (c, hi, l) = (i / 64, (i % 64) / 32, i % 32);
+        let mut v = (qs[32 * c + l] >> (4 * hi)) & 0xF;
+        if let Some(qh) = qh {
+            v |= ((qh[l] >> (2 * c + hi)) & 1) << 4;
+        }
+        b.q[i] = v as i8;
+    }
+}
+
 fn unpack_block256(t: GgmlType, blk: &[u8]) -> Block256 {
     let mut b = Block256 {
         q: [0; QK_K],
@@ -117,80 +196,63 @@ fn unpack_block256(t: GgmlType, blk: &[u8]) -> Block256 {
     };
     match t {
         GgmlType::Q2_K => {
-            b.d = f16_at(blk, 80);
-            b.dmin = f16_at(blk, 82);
-            for (g, &sc) in blk[..16].iter().enumerate() {
+            let w: BlockQ2K = read(blk);
+            b.d = w.d.to_f32();
+            b.dmin = w.dmin.to_f32();
+            for (g, &sc) in w.scales.iter().enumerate() {
                 b.scale[g] = (sc & 0xF) as i32;
                 b.min[g] = (sc >> 4) as i32;
             }
             for i in 0..QK_K {
                 let (half, s, l) = (i / 128, (i % 128) / 32, i % 32);
-                b.q[i] = ((blk[16 + 32 * half + l] >> (2 * s)) & 3) as i8;
+                b.q[i] = ((w.qs[32 * half + l] >> (2 * s)) & 3) as i8;
             }
         }
         GgmlType::Q3_K => {
-            b.d = f16_at(blk, 108);
-            let sc = q3k_scales(&blk[96..108]);
-            for (s, &v) in b.scale.iter_mut().zip(&sc) {
-                *s = v as i32;
+            let w: BlockQ3K = read(blk);
+            b.d = w.d.to_f32();
+            for (s, &v) in b.scale.iter_mut().zip(&q3k_scales(&w.scales)) {
+                *s = v as i32 - 32;
             }
             for i in 0..QK_K {
                 let (half, s, l) = (i / 128, (i % 128) / 32, i % 32);
-                let low = (blk[32 + 32 * half + l] >> (2 * s)) & 3;
-                let high = (blk[l] >> (4 * half + s)) & 1;
+                let low = (w.qs[32 * half + l] >> (2 * s)) & 3;
+                let high = (w.hmask[l] >> (4 * half + s)) & 1;
                 b.q[i] = (low | (high << 2)) as i8 - 4;
             }
         }
-        GgmlType::Q4_K | GgmlType::Q5_K => {
-            b.d = f16_at(blk, 0);
-            b.dmin = f16_at(blk, 2);
-            for j in 0..8 {
-                let (s, m) = k4_scale_min(j, &blk[4..16]);
-                b.scale[2 * j] = s as i32;
-                b.scale[2 * j + 1] = s as i32;
-                b.min[2 * j] = m as i32;
-                b.min[2 * j + 1] = m as i32;
-            }
-            let qs = if t == GgmlType::Q4_K {
-                &blk[16..144]
-            } else {
-                &blk[48..176]
-            };
-            for i in 0..QK_K {
-                let (c, hi, l) = (i / 64, (i % 64) / 32, i % 32);
-                let mut v = (qs[32 * c + l] >> (4 * hi)) & 0xF;
-                if t == GgmlType::Q5_K {
-                    v |= ((blk[16 + l] >> (2 * c + hi)) & 1) << 4;
-                }
-                b.q[i] = v as i8;
-            }
+        GgmlType::Q4_K => {
+            let w: BlockQ4K = read(blk);
+            unpack_k45(&mut b, (w.d, w.dmin), &w.scales, &w.qs, None);
+        }
+        GgmlType::Q5_K => {
+            let w: BlockQ5K = read(blk);
+            unpack_k45(&mut b, (w.d, w.dmin), &w.scales, &w.qs, Some(&w.qh));
         }
         GgmlType::Q6_K => {
-            b.d = f16_at(blk, 208);
-            for g in 0..16 {
-                b.scale[g] = blk[192 + g] as i8 as i32;
+            let w: BlockQ6K = read(blk);
+            b.d = w.d.to_f32();
+            for (s, &v) in b.scale.iter_mut().zip(&w.scales) {
+                *s = v as i32;
             }
             for i in 0..QK_K {
                 let (half, k, l) = (i / 128, (i % 128) / 32, i % 32);
-                let ql = blk[64 * half + l + 32 * (k % 2)];
+                let ql = w.ql[64 * half + l + 32 * (k % 2)];
                 let low = if k < 2 { ql & 0xF } else { ql >> 4 };
-                let high = (blk[128 + 32 * half + l] >> (2 * k)) & 3;
+                let high = (w.qh[32 * half + l] >> (2 * k)) & 3;
                 b.q[i] = (low | (high << 4)) as i8 - 32;
             }
         }
         GgmlType::IQ4_XS => {
-            b.d = f16_at(blk, 0);
-            let scales_h = u16::from_le_bytes([blk[2], blk[3]]);
+            let w: BlockIq4Xs = read(blk);
+            b.d = w.d.to_f32();
             for ib in 0..8 {
-                let ls = ((blk[4 + ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
-                    | ((((scales_h >> (2 * ib)) & 3) as i32) << 4);
+                let ls = ((w.scales_l[ib / 2] >> (4 * (ib % 2))) & 0xF) as i32
+                    | ((((w.scales_h >> (2 * ib)) & 3) as i32) << 4);
                 b.scale[2 * ib] = ls - 32;
                 b.scale[2 * ib + 1] = ls - 32;
-                for j in 0..16 {
-                    let q = blk[8 + 16 * ib + j];
-                    b.q[32 * ib + j] = IQ4NL_LEVELS[(q & 0xF) as usize];
-                    b.q[32 * ib + j + 16] = IQ4NL_LEVELS[(q >> 4) as usize];
-                }
+                let q = split_nibbles(&w.qs[16 * ib..16 * ib + 16], |v| KVALUES_IQ4NL[v as usize]);
+                b.q[32 * ib..32 * ib + 32].copy_from_slice(&q);
             }
         }
         _ => {}

@@ -69,22 +69,26 @@ fn swiglu_serial(gate: &mut [f32], up: &[f32]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
-    use std::arch::x86_64::*;
-    let n = gate.len().min(up.len());
-    let (gp, up_p) = (gate.as_mut_ptr(), up.as_ptr());
-    let one = _mm256_set1_ps(1.0);
-    let mut i = 0;
-    // Each step reads and writes lanes i..i+8 < n of both slices.
-    while i + 8 <= n {
-        let x = _mm256_loadu_ps(gp.add(i));
-        // silu(x) = x / (1 + e^(−x)), then times up.
-        let e = super::softmax::expf_avx2::expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
-        let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
-        _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(up_p.add(i))));
-        i += 8;
-    }
-    for (g, &u) in gate[i..n].iter_mut().zip(&up[i..n]) {
-        *g = silu1(*g) * u;
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section), which every unsafe operation below relies on.
+    unsafe {
+        use std::arch::x86_64::*;
+        let n = gate.len().min(up.len());
+        let (gp, up_p) = (gate.as_mut_ptr(), up.as_ptr());
+        let one = _mm256_set1_ps(1.0);
+        let mut i = 0;
+        // Each step reads and writes lanes i..i+8 < n of both slices.
+        while i + 8 <= n {
+            let x = _mm256_loadu_ps(gp.add(i));
+            // silu(x) = x / (1 + e^(−x)), then times up.
+            let e = super::softmax::expf_avx2::expf8(_mm256_sub_ps(_mm256_setzero_ps(), x));
+            let silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+            _mm256_storeu_ps(gp.add(i), _mm256_mul_ps(silu, _mm256_loadu_ps(up_p.add(i))));
+            i += 8;
+        }
+        for (g, &u) in gate[i..n].iter_mut().zip(&up[i..n]) {
+            *g = silu1(*g) * u;
+        }
     }
 }
 
@@ -138,33 +142,37 @@ fn gelu_f16_table() -> &'static [u16] {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn geglu_avx2(gate: &mut [f32], up: &[f32], table: &[u16]) -> usize {
-    use std::arch::x86_64::*;
-    let n8 = gate.len().min(up.len()) / 8 * 8;
-    let (gp, up_p) = (gate.as_mut_ptr(), up.as_ptr());
-    let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
-    let mut bits = [0u16; 8];
-    // Each step reads and writes lanes i..i+8 ≤ n8 of both slices.
-    for i in (0..n8).step_by(8) {
-        let x = _mm256_loadu_ps(gp.add(i));
-        let u = _mm256_loadu_ps(up_p.add(i));
-        // x → f16 → table → f32, then times up.
-        _mm_storeu_si128(
-            bits.as_mut_ptr() as *mut __m128i,
-            _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x),
-        );
-        for b in bits.iter_mut() {
-            *b = *table.get_unchecked(*b as usize);
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section), which every unsafe operation below relies on.
+    unsafe {
+        use std::arch::x86_64::*;
+        let n8 = gate.len().min(up.len()) / 8 * 8;
+        let (gp, up_p) = (gate.as_mut_ptr(), up.as_ptr());
+        let (lo, hi) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+        let mut bits = [0u16; 8];
+        // Each step reads and writes lanes i..i+8 ≤ n8 of both slices.
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_loadu_ps(gp.add(i));
+            let u = _mm256_loadu_ps(up_p.add(i));
+            // x → f16 → table → f32, then times up.
+            _mm_storeu_si128(
+                bits.as_mut_ptr() as *mut __m128i,
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(x),
+            );
+            for b in bits.iter_mut() {
+                *b = *table.get_unchecked(*b as usize);
+            }
+            let g = _mm256_mul_ps(
+                _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr() as *const __m128i)),
+                u,
+            );
+            // Outside (−10, 10): 0 below, x · up above.
+            let g = _mm256_blendv_ps(g, _mm256_mul_ps(x, u), _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
+            let g = _mm256_blendv_ps(g, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LE_OQ>(x, lo));
+            _mm256_storeu_ps(gp.add(i), g);
         }
-        let g = _mm256_mul_ps(
-            _mm256_cvtph_ps(_mm_loadu_si128(bits.as_ptr() as *const __m128i)),
-            u,
-        );
-        // Outside (−10, 10): 0 below, x · up above.
-        let g = _mm256_blendv_ps(g, _mm256_mul_ps(x, u), _mm256_cmp_ps::<_CMP_GE_OQ>(x, hi));
-        let g = _mm256_blendv_ps(g, _mm256_setzero_ps(), _mm256_cmp_ps::<_CMP_LE_OQ>(x, lo));
-        _mm256_storeu_ps(gp.add(i), g);
+        n8
     }
-    n8
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::cell::RefCell;
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 
-use super::softmax::{ggml_expf, reduce32, reduce8};
+use super::softmax::{ggml_expf, reduce8, reduce32};
 
 /// Keys or values of the cache: `n_slots × n_kv_head × head_dim`.
 #[derive(Clone, Copy, Debug)]
@@ -68,10 +68,10 @@ impl KvSlice<'_> {
     #[inline]
     fn dot_row(&self, off: usize, q: &[f32], buf: &mut [f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
-        if let KvSlice::F16(s) = self {
-            if let Some(d) = fused_f16::dot(&s[off..off + q.len()], q) {
-                return d;
-            }
+        if let KvSlice::F16(s) = self
+            && let Some(d) = fused_f16::dot(&s[off..off + q.len()], q)
+        {
+            return d;
         }
         dot(q, self.row(off, q.len(), buf))
     }
@@ -80,10 +80,10 @@ impl KvSlice<'_> {
     #[inline]
     fn axpy_row(&self, off: usize, p: f32, acc: &mut [f32], buf: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if let KvSlice::F16(s) = self {
-            if fused_f16::axpy(&s[off..off + acc.len()], p, acc) {
-                return;
-            }
+        if let KvSlice::F16(s) = self
+            && fused_f16::axpy(&s[off..off + acc.len()], p, acc)
+        {
+            return;
         }
         axpy(p, self.row(off, acc.len(), buf), acc)
     }
@@ -125,35 +125,41 @@ mod fused_f16 {
         true
     }
 
+    /// # Safety
+    /// The host must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn dot_avx2(k: &[f16], q: &[f32]) -> f32 {
-        let n = k.len().min(q.len());
-        let (kp, qp) = (k.as_ptr(), q.as_ptr());
-        let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-        let mut i = 0;
-        // Each step reads lanes i..i+16 (then i..i+8) of both slices, all < n.
-        while i + 16 <= n {
-            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
-            let k1 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i + 8) as *const __m128i));
-            a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qp.add(i)), a0);
-            a1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qp.add(i + 8)), a1);
-            i += 16;
+        // SAFETY: the caller checked AVX2, FMA and F16C (`available`), and every
+        // pointer below is offset by less than `n`, the shorter slice's length.
+        unsafe {
+            let n = k.len().min(q.len());
+            let (kp, qp) = (k.as_ptr(), q.as_ptr());
+            let (mut a0, mut a1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            // Each step reads lanes i..i+16 (then i..i+8) of both slices, all < n.
+            while i + 16 <= n {
+                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
+                let k1 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i + 8) as *const __m128i));
+                a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qp.add(i)), a0);
+                a1 = _mm256_fmadd_ps(k1, _mm256_loadu_ps(qp.add(i + 8)), a1);
+                i += 16;
+            }
+            if i + 8 <= n {
+                let k0 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
+                a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qp.add(i)), a0);
+                i += 8;
+            }
+            // Horizontal sum of the sixteen partial sums, then the tail.
+            let a = _mm256_add_ps(a0, a1);
+            let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
+            let mut sum = _mm_cvtss_f32(h);
+            for (x, y) in k[i..n].iter().zip(&q[i..n]) {
+                sum += x.to_f32() * y;
+            }
+            sum
         }
-        if i + 8 <= n {
-            let k0 = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
-            a0 = _mm256_fmadd_ps(k0, _mm256_loadu_ps(qp.add(i)), a0);
-            i += 8;
-        }
-        // Horizontal sum of the sixteen partial sums, then the tail.
-        let a = _mm256_add_ps(a0, a1);
-        let h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
-        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        let h = _mm_add_ss(h, _mm_shuffle_ps::<1>(h, h));
-        let mut sum = _mm_cvtss_f32(h);
-        for (x, y) in k[i..n].iter().zip(&q[i..n]) {
-            sum += x.to_f32() * y;
-        }
-        sum
     }
 
     /// `Σ k·q` with lane `l` of one 8-wide partial sum taking elements `≡ l (mod 8)`, reduced
@@ -163,17 +169,21 @@ mod fused_f16 {
     /// AVX2, FMA and F16C; `k.len() == q.len()`, a multiple of 8.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_lanes8(k: &[f16], q: &[f32]) -> f32 {
-        let (kp, qp) = (k.as_ptr(), q.as_ptr());
-        let mut acc = _mm256_setzero_ps();
-        // Products of two f16 values are exact in f32, so one FMA equals ggml's mul + add.
-        for i in (0..k.len()).step_by(8) {
-            let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
-            acc = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i)), acc);
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section), which every unsafe operation below relies on.
+        unsafe {
+            let (kp, qp) = (k.as_ptr(), q.as_ptr());
+            let mut acc = _mm256_setzero_ps();
+            // Products of two f16 values are exact in f32, so one FMA equals ggml's mul + add.
+            for i in (0..k.len()).step_by(8) {
+                let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i) as *const __m128i));
+                acc = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i)), acc);
+            }
+            // Halves, then lanes 0+2 and 1+3, then the two.
+            let c = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
+            let s = _mm_add_ps(c, _mm_movehl_ps(c, c));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
         }
-        // Halves, then lanes 0+2 and 1+3, then the two.
-        let c = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps::<1>(acc));
-        let s = _mm_add_ps(c, _mm_movehl_ps(c, c));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps::<1>(s, s)))
     }
 
     /// The same with four 8-wide partial sums over runs of 32 (`ggml_vec_dot_f16`'s order
@@ -183,35 +193,45 @@ mod fused_f16 {
     /// AVX2, FMA and F16C; `k.len() == q.len()`, a multiple of 32.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dot_lanes32(k: &[f16], q: &[f32]) -> f32 {
-        let (kp, qp) = (k.as_ptr(), q.as_ptr());
-        let mut acc = [_mm256_setzero_ps(); 4];
-        for i in (0..k.len()).step_by(32) {
-            for (v, a) in acc.iter_mut().enumerate() {
-                let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i + 8 * v) as *const __m128i));
-                *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i + 8 * v)), *a);
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section), which every unsafe operation below relies on.
+        unsafe {
+            let (kp, qp) = (k.as_ptr(), q.as_ptr());
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for i in (0..k.len()).step_by(32) {
+                for (v, a) in acc.iter_mut().enumerate() {
+                    let kv = _mm256_cvtph_ps(_mm_loadu_si128(kp.add(i + 8 * v) as *const __m128i));
+                    *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i + 8 * v)), *a);
+                }
             }
+            let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+            let t = _mm_hadd_ps(t, t);
+            _mm_cvtss_f32(_mm_hadd_ps(t, t))
         }
-        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-        let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-        let t = _mm_hadd_ps(t, t);
-        _mm_cvtss_f32(_mm_hadd_ps(t, t))
     }
 
+    /// # Safety
+    /// The host must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn axpy_avx2(v: &[f16], p: f32, acc: &mut [f32]) {
-        let n = v.len().min(acc.len());
-        let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
-        let pv = _mm256_set1_ps(p);
-        let mut i = 0;
-        // Each step reads and writes lanes i..i+8 < n of both slices.
-        while i + 8 <= n {
-            let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(i) as *const __m128i));
-            let a = _mm256_loadu_ps(ap.add(i));
-            _mm256_storeu_ps(ap.add(i), _mm256_fmadd_ps(pv, x, a));
-            i += 8;
-        }
-        for (a, x) in acc[i..n].iter_mut().zip(&v[i..n]) {
-            *a += p * x.to_f32();
+        // SAFETY: the caller checked AVX2, FMA and F16C (`available`), and every
+        // pointer below is offset by less than `n`, the shorter slice's length.
+        unsafe {
+            let n = v.len().min(acc.len());
+            let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
+            let pv = _mm256_set1_ps(p);
+            let mut i = 0;
+            // Each step reads and writes lanes i..i+8 < n of both slices.
+            while i + 8 <= n {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(vp.add(i) as *const __m128i));
+                let a = _mm256_loadu_ps(ap.add(i));
+                _mm256_storeu_ps(ap.add(i), _mm256_fmadd_ps(pv, x, a));
+                i += 8;
+            }
+            for (a, x) in acc[i..n].iter_mut().zip(&v[i..n]) {
+                *a += p * x.to_f32();
+            }
         }
     }
 }
@@ -526,16 +546,20 @@ fn exp_shifted(scores: &mut [f32], max: f32) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn exp_shifted_avx2(scores: &mut [f32], max: f32) -> usize {
-    use std::arch::x86_64::*;
-    let n8 = scores.len() / 8 * 8;
-    let p = scores.as_mut_ptr();
-    let m = _mm256_set1_ps(max);
-    // Each step reads and writes lanes i..i+8 ≤ n8.
-    for i in (0..n8).step_by(8) {
-        let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m);
-        _mm256_storeu_ps(p.add(i), super::softmax::expf_avx2::expf8(x));
+    // SAFETY: the caller upholds this function's safety contract (its
+    // `# Safety` section), which every unsafe operation below relies on.
+    unsafe {
+        use std::arch::x86_64::*;
+        let n8 = scores.len() / 8 * 8;
+        let p = scores.as_mut_ptr();
+        let m = _mm256_set1_ps(max);
+        // Each step reads and writes lanes i..i+8 ≤ n8.
+        for i in (0..n8).step_by(8) {
+            let x = _mm256_sub_ps(_mm256_loadu_ps(p.add(i)), m);
+            _mm256_storeu_ps(p.add(i), super::softmax::expf_avx2::expf8(x));
+        }
+        n8
     }
-    n8
 }
 
 /// A raw output pointer shared by tasks that write disjoint heads.

@@ -9,8 +9,8 @@ mod rows;
 mod softmax;
 
 pub use activation::{geglu, gelu_tanh, silu, swiglu};
-pub use attention::{attention, AttnConfig, KvSlice};
+pub use attention::{AttnConfig, KvSlice, attention};
 pub use elementwise::{add, scale};
 pub use norm::{rms_norm, rms_norm_rows};
-pub use rope::{llama3_freq_factors, rope, RopeConfig, RopeLayout, RopeScaling};
+pub use rope::{RopeConfig, RopeLayout, RopeScaling, llama3_freq_factors, rope};
 pub use softmax::{ggml_expf, softmax};

@@ -80,40 +80,44 @@ pub(crate) mod expf_avx2 {
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn expf8(x: __m256) -> __m256 {
-        let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
-        // n = round(x · log2 e); z keeps n in its low mantissa bits.
-        let shifter = c(0x4b40_0000);
-        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shifter);
-        let n = _mm256_sub_ps(z, shifter);
-        // b = x − n · ln 2 (high part, then low part).
-        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
-        // 2^b − 1 by the same polynomial as the scalar version.
-        let u = _mm256_mul_ps(b, b);
-        let j = _mm256_fmadd_ps(
-            _mm256_fmadd_ps(
-                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section), which every unsafe operation below relies on.
+        unsafe {
+            let c = |bits: u32| _mm256_set1_ps(f32::from_bits(bits));
+            // n = round(x · log2 e); z keeps n in its low mantissa bits.
+            let shifter = c(0x4b40_0000);
+            let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), shifter);
+            let n = _mm256_sub_ps(z, shifter);
+            // b = x − n · ln 2 (high part, then low part).
+            let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+            // 2^b − 1 by the same polynomial as the scalar version.
+            let u = _mm256_mul_ps(b, b);
+            let j = _mm256_fmadd_ps(
+                _mm256_fmadd_ps(
+                    _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                    u,
+                    _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+                ),
                 u,
-                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
-            ),
-            u,
-            _mm256_mul_ps(c(0x3f7f_fff6), b),
-        );
-        // Lanes with |n| > 126 need the two-step scaling: do those eight one at a time.
-        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
-        if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0))) != 0 {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), x);
-            for v in lanes.iter_mut() {
-                *v = super::ggml_expf(*v);
+                _mm256_mul_ps(c(0x3f7f_fff6), b),
+            );
+            // Lanes with |n| > 126 need the two-step scaling: do those eight one at a time.
+            let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+            if _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(126.0))) != 0 {
+                let mut lanes = [0f32; 8];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), x);
+                for v in lanes.iter_mut() {
+                    *v = super::ggml_expf(*v);
+                }
+                return _mm256_loadu_ps(lanes.as_ptr());
             }
-            return _mm256_loadu_ps(lanes.as_ptr());
+            // k = 2^n, built from n's bits; result 2^n · (1 + j).
+            let k = _mm256_castsi256_ps(_mm256_add_epi32(
+                _mm256_slli_epi32::<23>(_mm256_castps_si256(z)),
+                _mm256_castps_si256(_mm256_set1_ps(1.0)),
+            ));
+            _mm256_fmadd_ps(k, j, k)
         }
-        // k = 2^n, built from n's bits; result 2^n · (1 + j).
-        let k = _mm256_castsi256_ps(_mm256_add_epi32(
-            _mm256_slli_epi32::<23>(_mm256_castps_si256(z)),
-            _mm256_castps_si256(_mm256_set1_ps(1.0)),
-        ));
-        _mm256_fmadd_ps(k, j, k)
     }
 }
 

@@ -4,7 +4,7 @@
 
 use flatrun_format::{DType, GgmlType};
 use flatrun_kernels::{
-    supported_levels, Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat,
+    Kernels, NativeKernels, ReferenceKernels, Weight, WeightFormat, supported_levels,
 };
 use half::{bf16, f16};
 
