@@ -20,14 +20,14 @@ use crate::options::{KvType, LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
 use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
-use crate::weights::kernels::{scatter, ChunkedKernels};
-use crate::weights::plan::{file_bounds, rows_from, Granularity, PlanInput};
+use crate::weights::kernels::{ChunkedKernels, scatter};
+use crate::weights::plan::{Granularity, PlanInput, file_bounds, rows_from};
 use crate::weights::{CachePolicy, LayerLayout, Lease, WeightEngine, WeightPlan};
 use crate::weights_override::DenseLayers;
 use flatrun_format::{StorageBackend, TensorHandle};
-use flatrun_kernels::{ops, Kernels, Weight};
+use flatrun_kernels::{Kernels, Weight, ops};
 use flatrun_model::arch::{
-    layer_tensor, LayerKv, LayerMemory, LayerPlan, LayerScratch, MemoryKind, Segment,
+    LayerKv, LayerMemory, LayerPlan, LayerScratch, MemoryKind, Segment, layer_tensor,
 };
 use flatrun_model::{Manifest, ModelConfig, Role};
 use std::ops::Range;
@@ -795,19 +795,17 @@ impl StreamingExecutor {
         // looked-up rows' pages: over a long generation they would add up.
         let kept = self.residency.output_resident
             && (self.manifest.output_tied || self.residency.resident.iter().all(|&r| r));
-        if !kept {
-            if let Some(within) = self.mapped_bounds.get(h.info().file_index) {
-                for &id in ids {
-                    let r = id as usize;
-                    // Rows of a tied head's kept part stay.
-                    if self.manifest.output_tied && r < self.weights.head.kept_rows {
-                        continue;
-                    }
-                    if let Ok(row) = w.row_range(r..r + 1) {
-                        // SAFETY: `within` is the span of the embedding's
-                        // file in its read-only mapping, alive with `self.backend`.
-                        unsafe { memory::release_blocks(row.data, within, false) };
-                    }
+        if let (false, Some(within)) = (kept, self.mapped_bounds.get(h.info().file_index)) {
+            for &id in ids {
+                let r = id as usize;
+                // Rows of a tied head's kept part stay.
+                if self.manifest.output_tied && r < self.weights.head.kept_rows {
+                    continue;
+                }
+                if let Ok(row) = w.row_range(r..r + 1) {
+                    // SAFETY: `within` is the span of the embedding's
+                    // file in its read-only mapping, alive with `self.backend`.
+                    unsafe { memory::release_blocks(row.data, within, false) };
                 }
             }
         }

@@ -24,10 +24,10 @@ enum ZeroedBytes {
 
 impl ZeroedBytes {
     fn new(bytes: usize) -> ZeroedBytes {
-        if bytes > 0 {
-            if let Ok(map) = memmap2::MmapMut::map_anon(bytes) {
-                return ZeroedBytes::Mapped(map);
-            }
+        if bytes > 0
+            && let Ok(map) = memmap2::MmapMut::map_anon(bytes)
+        {
+            return ZeroedBytes::Mapped(map);
         }
         ZeroedBytes::Heap(vec![0u32; bytes.div_ceil(4)])
     }

@@ -15,8 +15,8 @@ use crate::memory;
 use crate::weights::Lease;
 use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{Kernels, Weight};
-use flatrun_model::arch::layer_tensor;
 use flatrun_model::arch::LayerTensors;
+use flatrun_model::arch::layer_tensor;
 use flatrun_model::{Manifest, Role};
 
 /// f32 copies of one layer's small tensors, by role.

@@ -40,7 +40,7 @@ pub mod weights_override;
 
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
-pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
+pub use generate::{FinishReason, GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use layer_range::LayerSelection;
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};

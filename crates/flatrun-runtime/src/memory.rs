@@ -71,11 +71,7 @@ pub fn mapped_file_rss(path: &std::path::Path) -> Option<u64> {
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-    if p > 0 {
-        p as usize
-    } else {
-        4096
-    }
+    if p > 0 { p as usize } else { 4096 }
 }
 
 /// The page-aligned span covering `bytes`: (start, length).

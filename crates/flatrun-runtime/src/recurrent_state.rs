@@ -26,8 +26,8 @@
 //! assert!(!state.is_stale());
 //! ```
 
-use flatrun_model::arch::delta_net::{DeltaNetConfig, DeltaNetState};
 use flatrun_model::ModelConfig;
+use flatrun_model::arch::delta_net::{DeltaNetConfig, DeltaNetState};
 
 /// The recurrent states of every delta-net layer of one sequence.
 #[derive(Clone, Debug, Default)]

@@ -51,7 +51,7 @@ impl ResidencyPlan {
                     .map(|l| (l.bytes, Some(l.index)))
                     .chain(std::iter::once((manifest.output.bytes, None)))
                     .collect();
-                items.sort_by(|a, b| b.0.cmp(&a.0));
+                items.sort_by_key(|&(bytes, _)| std::cmp::Reverse(bytes));
                 let mut left = cap;
                 let mut resident = vec![false; n];
                 let mut head = false;

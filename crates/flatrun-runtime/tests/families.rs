@@ -34,7 +34,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::logits::{teacher_forced, Bounds, LogitFixture};
+use common::logits::{Bounds, LogitFixture, teacher_forced};
 use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency};
 
 /// Largest tolerated |ours − reference| on a top-10 logit (measured: native

@@ -46,8 +46,8 @@
 
 mod common;
 
-use common::logits::{floats, ids, teacher_forced, Bounds, LogitFixture};
-use flatrun_runtime::{argmax, BackendKind, LoadOptions, Model, Residency};
+use common::logits::{Bounds, LogitFixture, floats, ids, teacher_forced};
+use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency, argmax};
 
 /// What each backend must reach on the teacher-forced positions.
 struct Limits {

@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Mutex;
 
-use common::logits::{teacher_forced, Bounds, LogitFixture};
+use common::logits::{Bounds, LogitFixture, teacher_forced};
 use common::synthetic::{python, require_models};
 use flatrun_runtime::{BackendKind, ChatMessage, LoadOptions, Model, Residency};
 

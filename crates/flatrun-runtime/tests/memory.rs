@@ -21,8 +21,8 @@ mod common;
 use flatrun_runtime::{GenerateOptions, LoadOptions, Model, Prefetch, Residency, StepOptions};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 const MB: u64 = 1_000_000;
 const CHILD_ENV: &str = "FLATRUN_MEMORY_CHILD_MODEL";
@@ -81,7 +81,7 @@ fn child_run() {
     };
     let prompt = "Write a short poem about the sea and the wind, in four lines.";
     let mut n = 0;
-    let mut gen = model
+    let mut r#gen = model
         .generate(
             prompt,
             GenerateOptions {
@@ -90,12 +90,12 @@ fn child_run() {
             },
         )
         .expect("generate");
-    for ev in gen.by_ref() {
+    for ev in r#gen.by_ref() {
         ev.expect("token");
         n += 1;
     }
-    let kv = gen.sequence().kv_bytes() as u64;
-    drop(gen);
+    let kv = r#gen.sequence().kv_bytes() as u64;
+    drop(r#gen);
     stop.store(true, Ordering::Relaxed);
     sampler.join().expect("sampler thread");
     let rss = flatrun_runtime::memory::rss();
@@ -103,9 +103,20 @@ fn child_run() {
     let p = model.profiler();
     println!(
         "RESULT peak={} largest_layer={} kv={} tokens={} prefill_tok_s={:.2} decode_tok_s={:.2} io_wait_share={:.3} page_cache={} file={} sample_peak_anon={} sample_peak_file={} mapped_peak={} chunk_budget={} metadata={}",
-        rss.peak, largest, kv, n, p.prefill_tok_s(), p.decode_tok_s(), p.io_wait_share(), cached, total,
-        p.peak_rss.anon, p.peak_rss.file, mapped_peak.load(Ordering::Relaxed),
-        2 * LoadOptions::default().stream_chunk_bytes, metadata
+        rss.peak,
+        largest,
+        kv,
+        n,
+        p.prefill_tok_s(),
+        p.decode_tok_s(),
+        p.io_wait_share(),
+        cached,
+        total,
+        p.peak_rss.anon,
+        p.peak_rss.file,
+        mapped_peak.load(Ordering::Relaxed),
+        2 * LoadOptions::default().stream_chunk_bytes,
+        metadata
     );
 }
 
@@ -179,9 +190,14 @@ fn stream_peak_rss_within_budget(file: &str) {
     eprintln!(
         "{file}: stream peak RSS {:.1} MB (budget {:.1} MB = layer {:.1} + KV {:.1} + 100), file {:.1} MB, \
          prefill {:.1} tok/s, decode {:.1} tok/s, I/O wait {:.1}%",
-        peak / 1e6, budget / 1e6, largest / 1e6, kv / 1e6,
+        peak / 1e6,
+        budget / 1e6,
+        largest / 1e6,
+        kv / 1e6,
         std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0) as f64 / 1e6,
-        field(&r, "prefill_tok_s"), field(&r, "decode_tok_s"), 100.0 * field(&r, "io_wait_share")
+        field(&r, "prefill_tok_s"),
+        field(&r, "decode_tok_s"),
+        100.0 * field(&r, "io_wait_share")
     );
     assert!(
         peak < budget,
@@ -195,7 +211,9 @@ fn stream_peak_rss_within_budget(file: &str) {
     let slack = field(&r, "metadata") + 8.0 * (1 << 20) as f64;
     eprintln!(
         "{file}: weights mapped at most {:.1} MiB (chunk budget {:.1} MiB, largest layer {:.1} MiB)",
-        mapped / (1 << 20) as f64, chunks / (1 << 20) as f64, largest / (1 << 20) as f64
+        mapped / (1 << 20) as f64,
+        chunks / (1 << 20) as f64,
+        largest / (1 << 20) as f64
     );
     assert!(
         mapped <= chunks + slack,
@@ -283,8 +301,14 @@ fn qwen2_runs_under_half_file_cgroup_cap() {
     eprintln!(
         "qwen2.5-coder-0.5b under a {:.1} MB cap (file {:.1} MB): {} tokens, prefill {:.2} tok/s, decode {:.2} tok/s, \
          I/O wait {:.1}%, cgroup peak {} bytes, child VmHWM {:.1} MB",
-        limit as f64 / 1e6, file_size as f64 / 1e6, field(&r, "tokens"), field(&r, "prefill_tok_s"),
-        field(&r, "decode_tok_s"), 100.0 * field(&r, "io_wait_share"), max_usage.trim(), field(&r, "peak") / 1e6
+        limit as f64 / 1e6,
+        file_size as f64 / 1e6,
+        field(&r, "tokens"),
+        field(&r, "prefill_tok_s"),
+        field(&r, "decode_tok_s"),
+        100.0 * field(&r, "io_wait_share"),
+        max_usage.trim(),
+        field(&r, "peak") / 1e6
     );
     assert!(field(&r, "tokens") >= 16.0);
 }

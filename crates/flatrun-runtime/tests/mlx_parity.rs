@@ -35,7 +35,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::logits::{teacher_forced, Bounds, LogitFixture};
+use common::logits::{Bounds, LogitFixture, teacher_forced};
 use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency};
 
 /// A position is decisive when the reference's top-2 gap is at least this.

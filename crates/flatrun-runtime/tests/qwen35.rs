@@ -42,8 +42,8 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::logits::{all_logits, floats, ids, teacher_forced, Bounds, LogitFixture};
-use flatrun_runtime::{argmax, BackendKind, LoadOptions, Model, Residency};
+use common::logits::{Bounds, LogitFixture, all_logits, floats, ids, teacher_forced};
+use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency, argmax};
 
 /// Native kernels (which quantize activations like llama.cpp), or f16 weights.
 const STRICT: Bounds = Bounds {

@@ -1,11 +1,11 @@
 //! Running a chunked layer's matrices chunk by chunk.
 
-use super::plan::{rows_from, ChunkedMatrix};
 use super::WeightEngine;
+use super::plan::{ChunkedMatrix, rows_from};
 use flatrun_kernels::{KernelError, Kernels, Weight};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// A [`Kernels`] whose `matmul` walks a streamed matrix's row chunks

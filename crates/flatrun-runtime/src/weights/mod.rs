@@ -41,7 +41,7 @@ pub(crate) use source::CachePolicy;
 
 use buffer::AlignedBuffer;
 use flatrun_format::StorageBackend;
-use source::{ReadFile, DIRECT_ALIGN};
+use source::{DIRECT_ALIGN, ReadFile};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};

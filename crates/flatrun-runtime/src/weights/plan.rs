@@ -7,7 +7,7 @@
 //! | `stream` | row chunks of ≤ `stream_chunk_bytes` per matrix, vectors per use | row chunks | through the page cache |
 //! | `cap=SIZE`, custom | kept, or streamed whole | kept, or its first rows kept and the rest in chunks | through or around the page cache ([`crate::StreamReads`]) |
 
-use super::{coalesce, row_span, Mapped, Span, COALESCE_GAP};
+use super::{COALESCE_GAP, Mapped, Span, coalesce, row_span};
 use crate::error::{Result, RuntimeError};
 use crate::memory;
 use flatrun_format::{StorageBackend, TensorHandle, TensorInfo};

@@ -16,7 +16,7 @@
 
 use std::path::{Path, PathBuf};
 
-use flatrun_runtime::{argmax, Model, StepOptions};
+use flatrun_runtime::{Model, StepOptions, argmax};
 use serde_json::Value;
 
 /// The token ids in a JSON array (non-integers are skipped).
