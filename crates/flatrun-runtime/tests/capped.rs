@@ -131,3 +131,81 @@ fn custom_policy_keeps_the_chosen_layers_and_equals_resident() {
     let (resident, _) = logits(&path, Residency::Resident, StreamReads::Auto, 2);
     common::logits::assert_bit_identical(&custom, &resident, "custom policy vs resident");
 }
+
+/// `residency` gives the resident logits bit for bit on the checkpoint at
+/// `path` (one sequence and a batch of two), reading streamed weights
+/// around and through the page cache.
+fn residency_equals_resident(path: &std::path::Path, residency: Residency, what: &str) {
+    for batch in [1, 2] {
+        let (resident, _) = logits(path, Residency::Resident, StreamReads::Auto, batch);
+        for reads in [StreamReads::Direct, StreamReads::PageCache] {
+            let (other, _) = logits(path, residency, reads, batch);
+            common::logits::assert_bit_identical(
+                &other,
+                &resident,
+                &format!("{what}: {residency:?} ({reads:?}), batch {batch} vs resident"),
+            );
+        }
+    }
+}
+
+/// The synthetic Qwen3.5 checkpoint (written by its generator when missing).
+fn qwen35() -> Option<std::path::PathBuf> {
+    common::synthetic::synthetic_model(
+        "qwen35-synth-q8_0.gguf",
+        &common::fixtures().join("qwen35"),
+        "gen_synthetic_qwen35.py",
+    )
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn qwen35_capped_equals_resident() {
+    // Recurrent delta-net layers and gated attention, half of them streamed
+    // whole through the read buffers, the rest kept.
+    let Some(path) = qwen35() else { return };
+    let bytes = std::fs::metadata(&path).expect("size").len();
+    residency_equals_resident(&path, Residency::Cap(bytes / 2), "qwen35");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn qwen35_streamed_equals_resident() {
+    let Some(path) = qwen35() else { return };
+    residency_equals_resident(&path, Residency::Stream, "qwen35");
+}
+
+/// The MLX checkpoint `name` under `$FLATRUN_MLX_CKPT` (made by
+/// `scripts/gen_mlx_checkpoints.py`), or `None` after a skip message
+/// unless `FLATRUN_REQUIRE_MODELS=1`.
+fn mlx_checkpoint(name: &str) -> Option<std::path::PathBuf> {
+    let dir = std::env::var_os("FLATRUN_MLX_CKPT")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/mlx-ckpt")
+        })
+        .join(name);
+    if dir.join(".done").exists() {
+        return Some(dir);
+    }
+    assert!(
+        !common::synthetic::require_models(),
+        "{} is missing and FLATRUN_REQUIRE_MODELS=1",
+        dir.display()
+    );
+    eprintln!("skipping: {} not found", dir.display());
+    None
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn mlx_capped_and_streamed_equal_resident() {
+    // MLX weights carry their scales and biases as companion arrays; streamed
+    // chunks and layers read all three from the files.
+    let Some(dir) = mlx_checkpoint("smollm2-135m-mlx-q4") else {
+        return;
+    };
+    residency_equals_resident(&dir, Residency::Stream, "smollm2 mlx");
+    residency_equals_resident(&dir, Residency::Cap(24 << 20), "smollm2 mlx");
+}
