@@ -22,36 +22,53 @@
 //! # }
 //! ```
 
-pub mod chunk_stream;
-pub mod error;
-pub mod executor;
-pub mod generate;
-mod hybrid_layers;
-pub mod kv_cache;
-pub mod layer_range;
-mod layer_vectors;
-pub mod memory;
-pub mod model;
-pub mod npy;
-pub mod options;
-pub mod prefetch;
-pub mod profiler;
-pub mod recurrent_state;
-pub mod residency;
-pub mod stream_reader;
-pub mod weights_override;
+//! The crate root is the whole public API: every module is private and
+//! the items below are what callers use. [`Model`] and [`Session`] are the
+//! usual entry points; [`StreamingExecutor`] is the layer scheduler under a
+//! model, for callers that step several [`Sequence`]s themselves
+//! ([`StreamingExecutor::step_batch`]).
 
+mod chunk_stream;
+mod error;
+mod executor;
+mod generate;
+mod hybrid_layers;
+mod kv_cache;
+mod layer_range;
+mod layer_vectors;
+mod memory;
+mod model;
+mod npy;
+mod options;
+mod prefetch;
+mod profiler;
+mod recurrent_state;
+mod residency;
+mod stream_reader;
+mod weights_override;
+
+// Loading and running a model.
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
-pub use generate::{argmax, FinishReason, GenerateOptions, Generation, Prompt, TokenEvent};
-pub use layer_range::LayerSelection;
+pub use generate::{argmax, GenerateOptions, Generation, Prompt, TokenEvent};
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
-pub use profiler::Profiler;
+
+// What a loaded model reports about itself.
+pub use kv_cache::{KvCache, LayerKvCache};
+pub use layer_range::LayerSelection;
+pub use profiler::{LayerTimes, MemorySample, Profiler};
 pub use residency::ResidencyPlan;
 pub use weights_override::WeightsMode;
 
+// Helpers for command-line tools and tests: the process's resident set,
+// `.npy` output, and byte sizes such as `512M`.
+pub use memory::{mapped_file_rss, rss, RssSample};
+pub use npy::write_f32_matrix;
+pub use options::parse_size;
+
+// The model-side types that appear in this API.
 pub use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
-pub use flatrun_model::sampling::SamplingParams;
+pub use flatrun_model::sampling::{FinishReason, SamplingParams};
 pub use flatrun_model::tokenizer::Tokenizer;
 pub use flatrun_model::{Arch, Manifest, ModelConfig};
