@@ -7,7 +7,7 @@
 //! beyond [`SchedulerConfig::max_seqs`]. A runtime plugs in by implementing
 //! [`TextModel`] (tokenizer, chat template) and [`BatchModel`] (sequences,
 //! batched step); see [`batch_model`] for the contract. The Flatrun runtime's
-//! implementation is [`runtime`] (feature `runtime`, on by default):
+//! implementation is `runtime` (feature `runtime`, on by default):
 //! `runtime::engine(model, scheduler)` is the whole of `flatrun serve`'s
 //! model side.
 //!
