@@ -7,9 +7,7 @@
 //! cargo run --release -p flatrun-examples --example custom_residency -- MODEL.gguf 100M
 //! ```
 
-use flatrun_runtime::{
-    residency::ResidencyPlan, GenerateOptions, LoadOptions, Manifest, Model, Residency,
-};
+use flatrun_runtime::{GenerateOptions, LoadOptions, Manifest, Model, Residency, ResidencyPlan};
 
 /// A custom policy: keep the first and last quarter of the layers resident.
 /// It sees every layer's index and size (`m.layers[i].bytes`), so it could as
@@ -22,7 +20,7 @@ fn outer_quarters(m: &Manifest) -> Vec<bool> {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let path = args.next().ok_or("usage: custom_residency MODEL [CAP]")?;
-    let cap = flatrun_runtime::options::parse_size(&args.next().unwrap_or_else(|| "64M".into()))?;
+    let cap = flatrun_runtime::parse_size(&args.next().unwrap_or_else(|| "64M".into()))?;
 
     for (name, policy) in [
         ("stream", Residency::Stream),
@@ -48,8 +46,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             plan.resident_bytes as f64 / 1e6,
             plan.streamed_bytes_per_token as f64 / 1e6
         );
-        let gen = model.generate("The history of astronomy", GenerateOptions::greedy(16))?;
-        for event in gen {
+        let r#gen = model.generate("The history of astronomy", GenerateOptions::greedy(16))?;
+        for event in r#gen {
             event?;
         }
         let p = model.profiler();

@@ -33,6 +33,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
     )?;
     let all = step.all_logits.unwrap_or_default();
-    flatrun_runtime::npy::write_f32_matrix(std::path::Path::new(out), &all, tokens.len(), vocab)?;
+    flatrun_runtime::write_f32_matrix(std::path::Path::new(out), &all, tokens.len(), vocab)?;
     Ok(())
 }

@@ -12,12 +12,11 @@
 //! steps N sequences together (one pass through the layers per step for all
 //! of them: capped serving) and reports their aggregate tokens/s.
 
-use crate::flags::{human_bytes, parse_residency, residency_name, EngineFlags, OutputFlags};
+use crate::flags::{EngineFlags, OutputFlags, human_bytes, parse_residency, residency_name};
 use crate::loading::load;
-use crate::progress::{on_terminal, Progress};
-use anyhow::{bail, Result};
-use flatrun_runtime::executor::{Sequence, StepOptions};
-use flatrun_runtime::{argmax, Residency};
+use crate::progress::{Progress, on_terminal};
+use anyhow::{Result, bail};
+use flatrun_runtime::{Residency, Sequence, StepOptions, argmax};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -196,7 +195,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bar.finish();
         let plan = model.executor().residency().clone();
         let kv_bytes = model.executor().new_sequence().kv_bytes() as u64;
-        let rss_after = flatrun_runtime::memory::rss();
+        let rss_after = flatrun_runtime::rss();
         let peak = rss_after.peak;
         let row = |test: String, tokens: usize, samples: Vec<f64>| BenchRow {
             model: args

@@ -10,8 +10,8 @@
 //! A line ending in `\` continues on the next line; `"""` opens and closes a
 //! multi-line block. Ctrl-C stops the current answer and keeps the session.
 
-use crate::flags::{human_bytes, EngineFlags, OutputFlags, SamplingFlags};
-use crate::generation::{generate, reusable_prefix, GenerationRequest, GenerationStats};
+use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, human_bytes};
+use crate::generation::{GenerationRequest, GenerationStats, generate, reusable_prefix};
 use crate::interrupt::Interrupt;
 use crate::loading::{finish_profile, header, load, peak_rss};
 use crate::progress::on_terminal;

@@ -2,7 +2,7 @@
 //! loaded ([`EngineFlags`]), how tokens are chosen ([`SamplingFlags`]), and
 //! how chatty the command is ([`OutputFlags`]).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result, bail};
 use flatrun_runtime::{
     BackendKind, KvType, LayerSelection, LoadOptions, Prefetch, Residency, SamplingParams,
     StreamReads, WeightsMode,
@@ -165,8 +165,7 @@ impl EngineFlags {
             },
             ctx: self.ctx,
             kv_type,
-            stream_chunk_bytes: flatrun_runtime::options::parse_size(&self.stream_chunk)?.max(1)
-                as usize,
+            stream_chunk_bytes: flatrun_runtime::parse_size(&self.stream_chunk)?.max(1) as usize,
             profile: self.profiling(),
             trace_memory: self.trace_memory || self.profile_detailed,
             weights,

@@ -11,7 +11,7 @@
 //! ```
 
 use crate::flags::{human_bytes, residency_name};
-use anyhow::{bail, Result};
+use anyhow::{Result, bail};
 use flatrun_model::{Checkpoint, Manifest, ModelConfig};
 use flatrun_runtime::{Residency, ResidencyPlan};
 use serde::Serialize;

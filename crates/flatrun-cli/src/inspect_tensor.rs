@@ -7,8 +7,8 @@
 
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
-use flatrun_dequant::inspect::{NpyWriter, FIRST_VALUES};
+use anyhow::{Context, Result, bail};
+use flatrun_dequant::inspect::{FIRST_VALUES, NpyWriter};
 use serde::Serialize;
 
 /// Values decoded per chunk (about 16 MiB of f32).

@@ -1,9 +1,9 @@
 //! Loading a model for a command: friendly checks of the path, a spinner on
 //! a terminal, and the "what was detected" header.
 
-use crate::flags::{human_bytes, residency_name, weight_bytes, EngineFlags};
-use crate::progress::{on_terminal, Progress};
-use anyhow::{bail, Context, Result};
+use crate::flags::{EngineFlags, human_bytes, residency_name, weight_bytes};
+use crate::progress::{Progress, on_terminal};
+use anyhow::{Context, Result, bail};
 use flatrun_runtime::{LoadOptions, Model, WeightsMode};
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -127,7 +127,7 @@ pub fn header(loaded: &Loaded) -> String {
 
 /// Peak resident set of this process so far.
 pub fn peak_rss() -> u64 {
-    flatrun_runtime::memory::rss().peak
+    flatrun_runtime::rss().peak
 }
 
 /// Print the profile summary / write the trace, as the flags ask.

@@ -86,7 +86,7 @@ pub fn dump_logits(req: DumpRequest<'_>) -> Result<()> {
     drop(session);
 
     let rows = dumped.len() / vocab.max(1);
-    flatrun_runtime::npy::write_f32_matrix(req.path, &dumped, rows, vocab)
+    flatrun_runtime::write_f32_matrix(req.path, &dumped, rows, vocab)
         .with_context(|| format!("cannot write {}", req.path.display()))?;
     if !quiet {
         eprintln!("wrote {rows} × {vocab} logits to {}", req.path.display());

@@ -4,11 +4,11 @@
 //! With `--dump-logits` it hands over to the logits-dumping runner
 //! ([`crate::run`]), which the fidelity, `--weights` and `--layers` tests drive.
 
-use crate::flags::{read_text_file, EngineFlags, OutputFlags, SamplingFlags};
-use crate::generation::{generate, GenerationRequest, GenerationStats};
+use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, read_text_file};
+use crate::generation::{GenerationRequest, GenerationStats, generate};
 use crate::loading::{finish_profile, header, load, peak_rss};
 use crate::progress::on_terminal;
-use anyhow::{bail, Result};
+use anyhow::{Result, bail};
 use flatrun_runtime::ChatMessage;
 use serde::Serialize;
 use std::io::{IsTerminal, Read, Write};
@@ -72,12 +72,16 @@ fn prompt_text(cmd: &RunCommand) -> Result<String> {
     }
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
-        bail!("no prompt given\nhint: pass --prompt TEXT, --prompt-file FILE, pipe the prompt on stdin, or use `flatrun chat`");
+        bail!(
+            "no prompt given\nhint: pass --prompt TEXT, --prompt-file FILE, pipe the prompt on stdin, or use `flatrun chat`"
+        );
     }
     let mut text = String::new();
     stdin.lock().read_to_string(&mut text)?;
     if text.trim().is_empty() {
-        bail!("the prompt read from standard input is empty\nhint: pipe some text in, or pass --prompt TEXT or --prompt-file FILE");
+        bail!(
+            "the prompt read from standard input is empty\nhint: pipe some text in, or pass --prompt TEXT or --prompt-file FILE"
+        );
     }
     Ok(text)
 }

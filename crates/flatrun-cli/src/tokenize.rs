@@ -5,10 +5,10 @@
 
 use crate::flags::read_text_file;
 use crate::loading::check_model_path;
-use anyhow::{anyhow, Result};
+use anyhow::{Result, anyhow};
+use flatrun_model::Checkpoint;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
-use flatrun_model::Checkpoint;
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -28,6 +28,10 @@ fn smollm2() -> Option<PathBuf> {
     None
 }
 
+#[allow(
+    clippy::excessive_precision,
+    reason = "the exact f16 values, as the gguf package prints them"
+)]
 const FIRST: [f32; 8] = [
     -0.0963134765625,
     0.1573486328125,
@@ -40,6 +44,10 @@ const FIRST: [f32; 8] = [
 ];
 
 #[test]
+#[allow(
+    clippy::excessive_precision,
+    reason = "the exact f16 values, as the gguf package prints them"
+)]
 fn tensor_stats_and_npy_dump_match_the_gguf_package() {
     let Some(model) = smollm2() else { return };
     let dir = tempfile::tempdir().unwrap();

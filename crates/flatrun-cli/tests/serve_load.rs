@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::smollm2;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use serve_process::ServeProcess;
 
 const API_KEY: &str = "load-test-key";

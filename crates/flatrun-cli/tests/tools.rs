@@ -41,11 +41,13 @@ fn tokenize_prints_ids_and_pieces() {
     assert!(special["ids"].as_array().unwrap().len() < literal["ids"].as_array().unwrap().len());
     // --chat wraps the text in the template.
     let chat = json(&["--text", "Hello world", "--chat"]);
-    assert!(chat["pieces"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .any(|p| p == "<|im_start|>"));
+    assert!(
+        chat["pieces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p == "<|im_start|>")
+    );
     // --file reads the same text.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("t.txt");

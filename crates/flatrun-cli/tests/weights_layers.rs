@@ -15,8 +15,7 @@ mod common;
 use common::{flatrun, smollm2, stderr_of, stdout_of};
 use std::path::{Path, PathBuf};
 
-const PROMPT: &str =
-    "The quick brown fox jumps over the lazy dog. In 1969, the first humans landed on the Moon, and";
+const PROMPT: &str = "The quick brown fox jumps over the lazy dog. In 1969, the first humans landed on the Moon, and";
 
 /// A `[rows, cols]` little-endian f32 `.npy` matrix.
 fn read_npy(path: &Path) -> (usize, usize, Vec<f32>) {

@@ -25,10 +25,12 @@
 //! }
 //! ```
 
+mod finish;
 mod rng;
 mod stop;
 mod weights;
 
+pub use finish::FinishReason;
 pub use rng::Xoshiro256;
 pub use stop::{StopMatcher, StopResult};
 

@@ -8,8 +8,7 @@
 //! ```
 //! Run it inside a memory cgroup to measure the capped case.
 
-use flatrun_runtime::executor::{Sequence, StepOptions};
-use flatrun_runtime::{LoadOptions, Model, Residency};
+use flatrun_runtime::{LoadOptions, Model, Residency, Sequence, StepOptions};
 use std::time::Instant;
 
 fn argmax(logits: &[f32]) -> u32 {

@@ -3,7 +3,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions};
 use crate::model::Model;
-use flatrun_model::sampling::{Sampler, SamplingParams, StopMatcher};
+use flatrun_model::sampling::{FinishReason, Sampler, SamplingParams, StopMatcher};
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -64,19 +64,6 @@ impl Default for GenerateOptions {
     fn default() -> Self {
         GenerateOptions::greedy(128)
     }
-}
-
-/// Why generation ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// `max_new` tokens were generated.
-    Length,
-    /// An end-of-generation token.
-    Eos,
-    /// A stop string matched.
-    Stop(String),
-    /// The context is full.
-    Context,
 }
 
 /// One generated token.

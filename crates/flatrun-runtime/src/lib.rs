@@ -22,33 +22,50 @@
 //! # }
 //! ```
 
-pub mod error;
-pub mod executor;
-pub mod generate;
-pub mod kv_cache;
-pub mod layer_range;
-mod layer_vectors;
-pub mod memory;
-pub mod model;
-pub mod npy;
-pub mod options;
-pub mod profiler;
-pub mod recurrent_state;
-pub mod residency;
-mod weights;
-pub mod weights_override;
+//! The crate root is the whole public API: every module is private and
+//! the items below are what callers use. [`Model`] and [`Session`] are the
+//! usual entry points; [`StreamingExecutor`] is the layer scheduler under a
+//! model, for callers that step several [`Sequence`]s themselves
+//! ([`StreamingExecutor::step_batch`]).
 
+mod error;
+mod executor;
+mod generate;
+mod kv_cache;
+mod layer_range;
+mod layer_vectors;
+mod memory;
+mod model;
+mod npy;
+mod options;
+mod profiler;
+mod recurrent_state;
+mod residency;
+mod weights;
+mod weights_override;
+
+// Loading and running a model.
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
-pub use generate::{FinishReason, GenerateOptions, Generation, Prompt, TokenEvent, argmax};
-pub use layer_range::LayerSelection;
+pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
-pub use profiler::Profiler;
+
+// What a loaded model reports about itself.
+pub use kv_cache::{KvCache, LayerKvCache};
+pub use layer_range::LayerSelection;
+pub use profiler::{LayerTimes, MemorySample, Profiler};
 pub use residency::ResidencyPlan;
 pub use weights_override::WeightsMode;
 
+// Helpers for command-line tools and tests: the process's resident set,
+// `.npy` output, and byte sizes such as `512M`.
+pub use memory::{RssSample, mapped_file_rss, rss};
+pub use npy::write_f32_matrix;
+pub use options::parse_size;
+
+// The model-side types that appear in this API.
 pub use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
-pub use flatrun_model::sampling::SamplingParams;
+pub use flatrun_model::sampling::{FinishReason, SamplingParams};
 pub use flatrun_model::tokenizer::Tokenizer;
 pub use flatrun_model::{Arch, Manifest, ModelConfig};

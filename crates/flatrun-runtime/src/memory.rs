@@ -137,11 +137,6 @@ fn populate_read(_bytes: &[u8]) -> bool {
     false
 }
 
-/// Start asynchronous read-ahead of `bytes` (`MADV_WILLNEED`).
-pub fn will_need(bytes: &[u8]) {
-    flatrun_format::mem::advise_willneed(bytes);
-}
-
 /// Bytes around a faulting page that the kernel maps along with it from
 /// the page cache ("fault-around", `fault_around_bytes`, 64 KiB by default):
 /// touching one page of a file mapping may map the whole aligned block

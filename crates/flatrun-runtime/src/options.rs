@@ -124,7 +124,7 @@ impl FromStr for KvType {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamReads {
     /// `PageCache` when memory is plentiful — the process's headroom
-    /// ([`crate::memory::memory_headroom`]: `MemAvailable` and every memory
+    /// (`memory_headroom` in `memory.rs`: `MemAvailable` and every memory
     /// cgroup's limit less its usage) holds the kept bytes, twice the
     /// streamed bytes and 256 MiB more — else `Direct`.
     #[default]

@@ -6,8 +6,7 @@
 
 mod common;
 
-use flatrun_runtime::executor::Sequence;
-use flatrun_runtime::{LoadOptions, Model, Residency, StepOptions, StreamReads};
+use flatrun_runtime::{LoadOptions, Model, Residency, Sequence, StepOptions, StreamReads};
 
 /// Logits of a prefill and two decode steps for each of `batch` sequences
 /// stepped together (the decode steps), under `residency`, reading streamed

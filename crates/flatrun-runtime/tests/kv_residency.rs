@@ -3,8 +3,7 @@
 use flatrun_model::arch::LayerKv;
 use flatrun_model::manifest::{LayerEntry, TensorEntry};
 use flatrun_model::{Manifest, ModelConfig, ModelError};
-use flatrun_runtime::kv_cache::KvCache;
-use flatrun_runtime::{KvType, Residency, ResidencyPlan};
+use flatrun_runtime::{KvCache, KvType, Residency, ResidencyPlan};
 
 fn gemma_like() -> ModelConfig {
     ModelConfig::from_hf_json(&serde_json::json!({

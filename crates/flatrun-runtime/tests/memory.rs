@@ -72,7 +72,7 @@ fn child_run() {
         );
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                if let Some(bytes) = flatrun_runtime::memory::mapped_file_rss(&path) {
+                if let Some(bytes) = flatrun_runtime::mapped_file_rss(&path) {
                     peak.fetch_max(bytes, Ordering::Relaxed);
                 }
                 std::thread::sleep(std::time::Duration::from_millis(2));
@@ -98,7 +98,7 @@ fn child_run() {
     drop(r#gen);
     stop.store(true, Ordering::Relaxed);
     sampler.join().expect("sampler thread");
-    let rss = flatrun_runtime::memory::rss();
+    let rss = flatrun_runtime::rss();
     let (cached, total) = model.executor().page_cache_residency();
     let p = model.profiler();
     println!(

@@ -3,7 +3,7 @@
 //! wires [`ServeArgs`] into the server:
 //!
 //! ```sh
-//! cargo run -p flatrun-server --example mock_server -- --port 8080
+//! cargo run -p flatrun-server --features testing --example mock_server -- --port 8080
 //! curl -s localhost:8080/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}]}'
 //! ```
 //!
@@ -15,8 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use flatrun_server::mock::{mock_engine, MockConfig};
-use flatrun_server::{SamplingParams, ServeArgs, Server};
+use flatrun_server::mock::{MockConfig, mock_engine};
+use flatrun_server::{ServeArgs, Server, api_default_sampling};
 
 /// Serve the Flatrun mock model.
 #[derive(Parser)]
@@ -49,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(async {
         let (engine, _stats) = mock_engine(mock, cli.serve.scheduler_config())?;
-        let server = Server::bind(cli.serve.server_config(SamplingParams::default())).await?;
+        let server = Server::bind(cli.serve.server_config(api_default_sampling())).await?;
         println!("listening on http://{}", server.local_addr()?);
         std::io::stdout().flush()?;
         server.engine_slot().set(Arc::new(engine));

@@ -4,18 +4,20 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::State;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::stream::{self, StreamExt};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
-use crate::engine::{ChatMessage, FinishReason, GenerationEvent, GenerationStream, Role, Usage};
-use crate::request_body::{parse_json, RawBody};
-use crate::state::{random_id, AppState, SamplingOverrides};
+use crate::engine::{GenerationEvent, GenerationStream, Usage};
+use crate::request_body::{RawBody, parse_json};
+use crate::state::{AppState, SamplingOverrides, random_id};
+use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::sampling::FinishReason;
 
 const FLAVOR: ApiFlavor = ApiFlavor::Anthropic;
 
@@ -87,7 +89,7 @@ fn content_text(content: Content, location: &str) -> Result<String, ApiError> {
                         return Err(ApiError::invalid(
                             FLAVOR,
                             format!("{location}.{j}: only text blocks are supported, got `{kind}`"),
-                        ))
+                        ));
                     }
                 }
             }
@@ -111,31 +113,32 @@ fn chat_messages(
     if let Some(system) = system {
         let text = content_text(system, "system")?;
         if !text.is_empty() {
-            turns.push(ChatMessage::new(Role::System, text));
+            turns.push(ChatMessage::new("system", text));
         }
     }
     for (i, message) in messages.into_iter().enumerate() {
         let role = match message.role.as_str() {
-            "user" => Role::User,
-            "assistant" => Role::Assistant,
+            "user" => "user",
+            "assistant" => "assistant",
             other => {
                 return Err(ApiError::invalid(
                     FLAVOR,
                     format!("messages.{i}.role: `{other}` is not one of user, assistant"),
-                ))
+                ));
             }
         };
         let content = content_text(message.content, &format!("messages.{i}.content"))?;
         turns.push(ChatMessage::new(role, content));
     }
     // As Anthropic's API: a prefill may not end in whitespace.
-    if let Some(last) = turns.last() {
-        if last.role == Role::Assistant && last.content.ends_with(char::is_whitespace) {
-            return Err(ApiError::invalid(
-                FLAVOR,
-                "messages: final assistant content cannot end with trailing whitespace",
-            ));
-        }
+    if let Some(last) = turns.last()
+        && last.role == "assistant"
+        && last.content.ends_with(char::is_whitespace)
+    {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "messages: final assistant content cannot end with trailing whitespace",
+        ));
     }
     Ok(turns)
 }
@@ -143,9 +146,9 @@ fn chat_messages(
 /// Anthropic's `stop_reason` and `stop_sequence`.
 fn stop_reason(reason: &FinishReason) -> (&'static str, Value) {
     match reason {
-        FinishReason::EndOfText => ("end_turn", Value::Null),
-        FinishReason::Length => ("max_tokens", Value::Null),
-        FinishReason::StopSequence(stop) => ("stop_sequence", json!(stop)),
+        FinishReason::Eos => ("end_turn", Value::Null),
+        FinishReason::Length | FinishReason::Context => ("max_tokens", Value::Null),
+        FinishReason::Stop(stop) => ("stop_sequence", json!(stop)),
     }
 }
 

@@ -3,9 +3,9 @@
 //! OpenAI: `{"error": {"message", "type", "param", "code"}}`.
 //! Anthropic: `{"type": "error", "error": {"type", "message"}}`.
 
+use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde_json::json;
 
 use crate::engine::EngineError;

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::config::ServerConfig;
-use crate::engine::SamplingParams;
 use crate::scheduler::SchedulerConfig;
+use flatrun_model::sampling::SamplingParams;
 
 /// The flags of `flatrun serve` that belong to the HTTP server.
 #[derive(Clone, Debug, clap::Args)]
@@ -95,6 +95,7 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::api_default_sampling;
     use clap::Parser;
 
     #[derive(Parser)]
@@ -115,7 +116,7 @@ mod tests {
     #[test]
     fn defaults_bind_loopback() {
         let cli = Cli::parse_from(["serve"]);
-        let config = cli.serve.server_config(SamplingParams::default());
+        let config = cli.serve.server_config(api_default_sampling());
         assert_eq!(config.host, "127.0.0.1");
         assert_eq!(config.port, 8080);
         assert_eq!(config.max_body_bytes, 4 << 20);
@@ -139,7 +140,7 @@ mod tests {
             "--shutdown-grace",
             "0.5",
         ]);
-        let config = cli.serve.server_config(SamplingParams::default());
+        let config = cli.serve.server_config(api_default_sampling());
         assert_eq!(config.host, "0.0.0.0");
         assert_eq!(config.port, 9000);
         assert_eq!(config.api_key.as_deref(), Some("k"));

@@ -34,7 +34,7 @@
 //! detokenization are the scheduler's; a model only provides the logits and,
 //! through [`TextModel::stream_decoder`], its tokenizer's streaming decoder.
 
-use crate::engine::ChatMessage;
+use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::tokenizer::StreamDecoder;
 
 /// Identifies a sequence (a KV cache) inside a [`BatchModel`].

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::engine::SamplingParams;
+use flatrun_model::sampling::SamplingParams;
 
 /// Settings of the HTTP server. The batch limits (`--max-seqs`,
 /// `--max-queue`) belong to the engine: see [`crate::SchedulerConfig`].
@@ -19,7 +19,10 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Name to serve the model under, instead of the engine's own name.
     pub served_model_name: Option<String>,
-    /// Sampling used where a request does not say (the CLI's sampling flags).
+    /// Sampling used where a request does not say: [`api_default_sampling`]
+    /// with the CLI's sampling flags over it. A request's own `temperature`,
+    /// `top_p`, `top_k` and `seed` replace these; the other fields apply as
+    /// they are.
     pub default_sampling: SamplingParams,
     /// Anthropic streams send a `ping` event, OpenAI streams an SSE comment,
     /// after this long without output (queued, or a long prefill).
@@ -37,9 +40,22 @@ impl Default for ServerConfig {
             api_key: None,
             max_body_bytes: 4 * 1024 * 1024,
             served_model_name: None,
-            default_sampling: SamplingParams::default(),
+            default_sampling: api_default_sampling(),
             ping_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
         }
+    }
+}
+
+/// The OpenAI and Anthropic defaults: temperature 1, no top-k or top-p
+/// truncation, no penalties, a fresh seed per request.
+pub fn api_default_sampling() -> SamplingParams {
+    SamplingParams {
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        seed: None,
+        penalty_window: 0,
+        ..SamplingParams::default()
     }
 }

@@ -3,95 +3,33 @@
 //!
 //! The HTTP handlers only translate wire formats onto this trait. The usual
 //! implementation is [`crate::BatchEngine`], a scheduler over a lower-level
-//! [`crate::BatchModel`]; tests use it over [`crate::mock::MockModel`].
+//! [`crate::BatchModel`]: the Flatrun runtime (`crate::runtime`), or in tests
+//! the deterministic mock (`crate::mock`, feature `testing`).
+//!
+//! Chat turns, sampling settings and finish reasons are the model crate's
+//! own types ([`ChatMessage`], [`SamplingParams`], [`FinishReason`]); the
+//! HTTP handlers convert to and from the wire formats.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::mpsc;
 
-/// Who said a chat message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Role {
-    System,
-    User,
-    Assistant,
-}
-
-impl Role {
-    /// The lower-case name chat templates use (`system`, `user`, `assistant`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::System => "system",
-            Role::User => "user",
-            Role::Assistant => "assistant",
-        }
-    }
-}
-
-/// One turn of a conversation, already flattened to plain text.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ChatMessage {
-    pub role: Role,
-    pub content: String,
-}
-
-impl ChatMessage {
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        ChatMessage {
-            role,
-            content: content.into(),
-        }
-    }
-}
-
-/// How the next token is chosen from the logits.
-#[derive(Clone, Debug, PartialEq)]
-pub struct SamplingParams {
-    /// 0 (or below) means greedy arg-max.
-    pub temperature: f32,
-    /// Nucleus sampling: keep the smallest set of tokens whose probability
-    /// reaches `top_p` (1.0 keeps everything).
-    pub top_p: f32,
-    /// Keep only the `top_k` most likely tokens (0 keeps everything).
-    pub top_k: usize,
-    /// Seed of the sequence's random generator; `None` draws a fresh one.
-    pub seed: Option<u64>,
-}
-
-impl Default for SamplingParams {
-    /// The OpenAI and Anthropic defaults: temperature 1, no truncation.
-    fn default() -> Self {
-        SamplingParams {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: None,
-        }
-    }
-}
+use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::sampling::{FinishReason, SamplingParams};
 
 /// One generation to run: an already tokenized prompt and its limits.
 #[derive(Clone, Debug)]
 pub struct GenerationRequest {
     pub prompt: Vec<u32>,
+    /// The sampler's settings, used as they are (the HTTP handlers start
+    /// from [`crate::ServerConfig::default_sampling`]).
     pub sampling: SamplingParams,
     /// Hard cap on generated tokens (the sequence also stops at the context end).
     pub max_tokens: usize,
     /// Generation ends when the text contains one of these; the stop string
     /// itself is not returned.
     pub stop: Vec<String>,
-}
-
-/// Why a generation ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// The model emitted an end-of-generation token.
-    EndOfText,
-    /// `max_tokens` or the context length was reached.
-    Length,
-    /// The text reached one of the request's stop strings (the one given).
-    StopSequence(String),
 }
 
 /// Token counts of one finished generation.
@@ -208,7 +146,9 @@ pub enum EngineError {
         limit: usize,
     },
     /// The prompt plus the requested tokens do not fit the context.
-    #[error("prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens")]
+    #[error(
+        "prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds the context of {context_length} tokens"
+    )]
     ContextOverflow {
         prompt_tokens: usize,
         max_tokens: usize,
@@ -275,7 +215,7 @@ pub trait Engine: Send + Sync + 'static {
     /// assistant prompt, then that text. Otherwise [`Engine::encode_chat`].
     fn encode_chat_continuing(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
         match messages.split_last() {
-            Some((last, earlier)) if last.role == Role::Assistant => {
+            Some((last, earlier)) if last.role == "assistant" => {
                 let mut text = self.render_chat(earlier)?;
                 text.push_str(&last.content);
                 self.tokenize(&text, true)

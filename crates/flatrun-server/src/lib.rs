@@ -6,7 +6,14 @@
 //! pass through the layers) per decode step, with a bounded admission queue
 //! beyond [`SchedulerConfig::max_seqs`]. A runtime plugs in by implementing
 //! [`TextModel`] (tokenizer, chat template) and [`BatchModel`] (sequences,
-//! batched step); see [`batch_model`] for the contract.
+//! batched step); see [`batch_model`] for the contract. The Flatrun runtime's
+//! implementation is `runtime` (feature `runtime`, on by default):
+//! `runtime::engine(model, scheduler)` is the whole of `flatrun serve`'s
+//! model side.
+//!
+//! Features: `runtime` (default) adds the adapter over `flatrun-runtime`;
+//! `testing` adds `mock`, a deterministic byte-level model for testing the
+//! HTTP layer and the scheduler without weights.
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions`,
 //! `GET /v1/models`, `POST /v1/messages`, `POST /v1/messages/count_tokens`,
@@ -15,8 +22,8 @@
 //!
 //! # Example
 //!
-//! Serve the deterministic [`mock`] model on a free loopback port, ask it
-//! for a chat completion over plain TCP, and shut down:
+//! Serve the deterministic `mock` model (feature `testing`) on a free
+//! loopback port, ask it for a chat completion over plain TCP, and shut down:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -63,9 +70,12 @@ pub mod batch_model;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+#[cfg(feature = "testing")]
 pub mod mock;
 pub mod openai;
 pub mod request_body;
+#[cfg(feature = "runtime")]
+pub mod runtime;
 pub mod scheduler;
 pub mod server;
 pub mod state;
@@ -75,11 +85,14 @@ pub use args::ServeArgs;
 pub use batch_model::{
     BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
 };
-pub use config::ServerConfig;
+pub use config::{ServerConfig, api_default_sampling};
 pub use engine::{
-    ChatMessage, Engine, EngineError, EngineStats, FinishReason, GenerationEvent,
-    GenerationRequest, GenerationStream, Role, SamplingParams, Usage,
+    Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationStream, Usage,
 };
 pub use scheduler::{BatchEngine, SchedulerConfig};
-pub use server::{router, serve, serve_loading, shutdown_signal, Server, ServerError};
+pub use server::{Server, ServerError, router, serve, serve_loading, shutdown_signal};
 pub use state::{AppState, EngineSlot};
+
+// The model crate's types that cross the engine interface.
+pub use flatrun_model::chat_template::ChatMessage;
+pub use flatrun_model::sampling::{FinishReason, SamplingParams};

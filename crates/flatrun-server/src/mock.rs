@@ -32,15 +32,15 @@
 //! ```
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use crate::batch_model::{
     BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
 };
-use crate::engine::ChatMessage;
 use crate::scheduler::{BatchEngine, SchedulerConfig};
+use flatrun_model::chat_template::ChatMessage;
 
 /// Beginning-of-sequence token of the mock vocabulary.
 pub const BOS: u32 = 256;
@@ -126,7 +126,7 @@ impl TextModel for MockText {
                 _ => {
                     return Err(ModelError(format!(
                         "token id {token} is outside the vocabulary of {VOCAB_SIZE}"
-                    )))
+                    )));
                 }
             }
         }
@@ -136,11 +136,7 @@ impl TextModel for MockText {
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
         let mut out = String::new();
         for message in messages {
-            out.push_str(&format!(
-                "<|{}|>\n{}\n",
-                message.role.as_str(),
-                message.content
-            ));
+            out.push_str(&format!("<|{}|>\n{}\n", message.role, message.content));
         }
         out.push_str("<|assistant|>\n");
         Ok(out)

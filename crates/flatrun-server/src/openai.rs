@@ -4,18 +4,20 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use futures::stream::{self, Stream};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
-use crate::engine::{ChatMessage, FinishReason, GenerationEvent, GenerationStream, Role, Usage};
-use crate::request_body::{parse_json, RawBody};
-use crate::state::{random_id, unix_time, AppState, SamplingOverrides};
+use crate::engine::{GenerationEvent, GenerationStream, Usage};
+use crate::request_body::{RawBody, parse_json};
+use crate::state::{AppState, SamplingOverrides, random_id, unix_time};
+use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::sampling::FinishReason;
 
 const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
 
@@ -134,8 +136,8 @@ pub struct CompletionRequest {
 /// OpenAI's `finish_reason`.
 fn finish_reason(reason: &FinishReason) -> &'static str {
     match reason {
-        FinishReason::Length => "length",
-        FinishReason::EndOfText | FinishReason::StopSequence(_) => "stop",
+        FinishReason::Length | FinishReason::Context => "length",
+        FinishReason::Eos | FinishReason::Stop(_) => "stop",
     }
 }
 
@@ -167,9 +169,9 @@ fn chat_messages(messages: Vec<RequestMessage>) -> Result<Vec<ChatMessage>, ApiE
         .enumerate()
         .map(|(i, message)| {
             let role = match message.role.as_str() {
-                "system" | "developer" => Role::System,
-                "user" => Role::User,
-                "assistant" => Role::Assistant,
+                "system" | "developer" => "system",
+                "user" => "user",
+                "assistant" => "assistant",
                 other => {
                     return Err(ApiError::invalid(
                         FLAVOR,
@@ -196,7 +198,7 @@ fn chat_messages(messages: Vec<RequestMessage>) -> Result<Vec<ChatMessage>, ApiE
                     text
                 }
             };
-            Ok(ChatMessage { role, content })
+            Ok(ChatMessage::new(role, content))
         })
         .collect()
 }
@@ -282,7 +284,7 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
             return Err(ApiError::invalid(
                 FLAVOR,
                 format!("prompt must be one string, got a list of {}", texts.len()),
-            ))
+            ));
         }
     };
     let prompt = engine

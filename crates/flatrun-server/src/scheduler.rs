@@ -19,7 +19,7 @@
 //! [`EngineError::QueueFull`] (the HTTP layer answers 429 / 529).
 
 use std::collections::VecDeque;
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -28,10 +28,11 @@ use std::time::Instant;
 
 use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
 use crate::engine::{
-    generation_channel, ChatMessage, Engine, EngineError, EngineStats, FinishReason,
-    GenerationEvent, GenerationRequest, GenerationSink, GenerationStream, SamplingParams, Usage,
+    Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationSink,
+    GenerationStream, Usage, generation_channel,
 };
-use flatrun_model::sampling::{self, Sampler, StopMatcher};
+use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::sampling::{FinishReason, Sampler, SamplingParams, StopMatcher};
 
 /// Limits of the batch scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -174,10 +175,10 @@ impl Drop for BatchEngine {
         if let Ok(mut commands) = self.commands.lock() {
             commands.take();
         }
-        if let Ok(mut thread) = self.thread.lock() {
-            if let Some(handle) = thread.take() {
-                let _ = handle.join();
-            }
+        if let Ok(mut thread) = self.thread.lock()
+            && let Some(handle) = thread.take()
+        {
+            let _ = handle.join();
         }
     }
 }
@@ -282,19 +283,6 @@ fn validate(request: &GenerationRequest, context_length: usize) -> Result<(), En
         });
     }
     Ok(())
-}
-
-/// The model's sampler settings for a request: the API's temperature,
-/// top-k, top-p and seed, no penalties.
-fn sampler_params(params: &SamplingParams) -> sampling::SamplingParams {
-    sampling::SamplingParams {
-        temperature: params.temperature,
-        top_k: params.top_k,
-        top_p: params.top_p,
-        seed: params.seed,
-        penalty_window: 0,
-        ..sampling::SamplingParams::default()
-    }
 }
 
 /// A sequence in the running batch.
@@ -469,7 +457,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 (job.request.prompt.len() + job.request.max_tokens).min(self.text.context_length());
             match self.model.new_sequence(positions) {
                 Ok(seq) => {
-                    let sampler = Sampler::new(sampler_params(&job.request.sampling));
+                    let sampler = Sampler::new(job.request.sampling.clone());
                     let stop = StopMatcher::new(job.request.stop.iter().cloned());
                     self.active.push(Running {
                         seq,
@@ -623,7 +611,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
 fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next {
     // An end-of-generation token ends the answer and is not part of it.
     if text.is_end_of_generation(token) {
-        return Next::Finish(FinishReason::EndOfText);
+        return Next::Finish(FinishReason::Eos);
     }
     running.generated.push(token);
     running.last_token = token;
@@ -641,14 +629,16 @@ fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next 
         return Next::Gone;
     }
     if let Some(stop) = stopped {
-        return Next::Finish(FinishReason::StopSequence(stop));
+        return Next::Finish(FinishReason::Stop(stop));
     }
     // Limits: the request's max_tokens, then the context.
     let request = &running.job.request;
     let generated = running.generated.len();
-    if generated >= request.max_tokens || request.prompt.len() + generated >= text.context_length()
-    {
+    if generated >= request.max_tokens {
         return Next::Finish(FinishReason::Length);
+    }
+    if request.prompt.len() + generated >= text.context_length() {
+        return Next::Finish(FinishReason::Context);
     }
     Next::Continue
 }
@@ -657,7 +647,7 @@ fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next 
 fn finish_event(running: &mut Running<'_>, reason: FinishReason) -> GenerationEvent {
     let mut reason = reason;
     let mut trailing = String::new();
-    if !matches!(reason, FinishReason::StopSequence(_)) {
+    if !matches!(reason, FinishReason::Stop(_)) {
         // An incomplete character at the very end, then the held-back text.
         let rest = running
             .decoder
@@ -667,7 +657,7 @@ fn finish_event(running: &mut Running<'_>, reason: FinishReason) -> GenerationEv
         let (released, stopped) = running.release(&rest);
         trailing = released;
         match stopped {
-            Some(stop) => reason = FinishReason::StopSequence(stop),
+            Some(stop) => reason = FinishReason::Stop(stop),
             None => trailing.push_str(&running.stop.finish()),
         }
     }

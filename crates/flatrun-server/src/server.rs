@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,7 +21,7 @@ use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::config::ServerConfig;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
-use crate::request_body::{parse_json, RawBody};
+use crate::request_body::{RawBody, parse_json};
 use crate::state::{AppState, EngineSlot};
 use crate::{anthropic, openai};
 

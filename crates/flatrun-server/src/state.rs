@@ -5,8 +5,9 @@ use std::sync::{Arc, OnceLock};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::config::ServerConfig;
-use crate::engine::{Engine, GenerationRequest, GenerationStream, SamplingParams};
+use crate::engine::{Engine, GenerationRequest, GenerationStream};
 use crate::metrics::Metrics;
+use flatrun_model::sampling::SamplingParams;
 
 /// Where the engine appears once loaded; `/health` answers 503 until then.
 #[derive(Clone, Default)]
@@ -85,6 +86,7 @@ impl AppState {
             top_p: overrides.top_p.unwrap_or(defaults.top_p),
             top_k: overrides.top_k.unwrap_or(defaults.top_k),
             seed: overrides.seed.or(defaults.seed),
+            ..defaults.clone()
         }
     }
 
@@ -116,7 +118,7 @@ impl AppState {
         let max_tokens = match max_tokens {
             Some(0) => return Err(ApiError::invalid(flavor, "max_tokens must be at least 1")),
             Some(n) if (prompt.len() as u64).saturating_add(n) > context as u64 => {
-                return Err(overflow(n))
+                return Err(overflow(n));
             }
             Some(n) => n as usize,
             None if prompt.len() >= context => return Err(overflow(1)),

@@ -6,10 +6,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, TestServer};
-use flatrun_server::mock::MockConfig;
+use common::{TestServer, config};
 use flatrun_server::SchedulerConfig;
-use serde_json::{json, Value};
+use flatrun_server::mock::MockConfig;
+use serde_json::{Value, json};
 
 const REPLY: &str = "Hello from the Flatrun mock model.";
 
@@ -246,10 +246,12 @@ async fn errors_have_the_anthropic_shape_and_status() {
         400,
         "invalid_request_error",
     );
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("max_tokens"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_tokens")
+    );
     assert_anthropic_error(
         &server
             .post(
@@ -284,10 +286,12 @@ async fn errors_have_the_anthropic_shape_and_status() {
         400,
         "invalid_request_error",
     );
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("context"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("context")
+    );
     assert_anthropic_error(
         &server.post("/v1/messages/count_tokens", "[1,").await,
         400,

@@ -6,14 +6,14 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{config, open_stream_until, request, TestServer};
-use flatrun_server::mock::MockConfig;
+use common::{TestServer, config, open_stream_until, request};
 use flatrun_server::SchedulerConfig;
-use serde_json::{json, Value};
+use flatrun_server::mock::MockConfig;
+use serde_json::{Value, json};
 
 const REPLY: &str = "Hello from the Flatrun mock model.";
 

@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{config, TestServer};
-use flatrun_server::mock::MockConfig;
+use common::{TestServer, config};
 use flatrun_server::SchedulerConfig;
-use serde_json::{json, Value};
+use flatrun_server::mock::MockConfig;
+use serde_json::{Value, json};
 
 const REPLY: &str = "Hello from the Flatrun mock model.";
 
@@ -130,10 +130,12 @@ async fn chat_stream_has_role_first_then_content_then_done() {
         )
         .await;
     assert_eq!(response.status, 200, "{}", response.body);
-    assert!(response
-        .header("content-type")
-        .unwrap()
-        .starts_with("text/event-stream"));
+    assert!(
+        response
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream")
+    );
     let events = response.sse_events();
     assert_eq!(events.last().unwrap().1, "[DONE]");
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -256,10 +258,12 @@ async fn errors_have_the_openai_shape_and_status() {
         400,
         "invalid_request_error",
     );
-    assert!(body["error"]["message"]
-        .as_str()
-        .unwrap()
-        .contains("malformed JSON"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("malformed JSON")
+    );
     // Wrong types.
     assert_openai_error(
         &server.post(chat, r#"{"messages": "hi"}"#).await,

@@ -6,8 +6,8 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{config, open_stream_until, request, TestServer};
-use flatrun_server::mock::{mock_engine, MockConfig};
+use common::{TestServer, config, open_stream_until, request};
+use flatrun_server::mock::{MockConfig, mock_engine};
 use flatrun_server::{
     Engine, EngineError, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
 };

@@ -12,9 +12,9 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::{config, TestServer};
-use flatrun_server::mock::MockConfig;
+use common::{TestServer, config};
 use flatrun_server::SchedulerConfig;
+use flatrun_server::mock::MockConfig;
 
 fn python() -> PathBuf {
     match std::env::var_os("FLATRUN_PYTHON") {

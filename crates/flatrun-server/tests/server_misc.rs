@@ -6,9 +6,9 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use common::{config, open_stream_until, request, TestServer};
-use flatrun_server::mock::MockConfig;
+use common::{TestServer, config, open_stream_until, request};
 use flatrun_server::SchedulerConfig;
+use flatrun_server::mock::MockConfig;
 use serde_json::json;
 
 #[tokio::test]
@@ -36,11 +36,13 @@ async fn health_is_503_while_loading_then_200() {
         .await;
     assert_eq!(message.status, 503);
     assert_eq!(message.json()["type"], "error");
-    assert!(server
-        .get("/metrics")
-        .await
-        .body
-        .contains("flatrun_model_loaded 0"));
+    assert!(
+        server
+            .get("/metrics")
+            .await
+            .body
+            .contains("flatrun_model_loaded 0")
+    );
 
     server.slot.set(engine);
     let health = server.get("/health").await;
@@ -57,10 +59,12 @@ async fn metrics_count_requests_and_tokens() {
     server.post("/v1/chat/completions", "{").await;
     let metrics = server.get("/metrics").await;
     assert_eq!(metrics.status, 200);
-    assert!(metrics
-        .header("content-type")
-        .unwrap()
-        .starts_with("text/plain"));
+    assert!(
+        metrics
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/plain")
+    );
     let text = metrics.body;
     for needle in [
         "# TYPE flatrun_requests_total counter",

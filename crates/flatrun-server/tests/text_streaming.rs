@@ -4,7 +4,7 @@
 //! cutting the text at the first stop string), and the mock's streaming
 //! decoder over multi-byte characters.
 
-use flatrun_server::mock::{mock_engine, MockConfig, MockText};
+use flatrun_server::mock::{MockConfig, MockText, mock_engine};
 use flatrun_server::{
     Engine, FinishReason, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
     TextModel,
@@ -73,11 +73,11 @@ proptest! {
         match first {
             Some((at, stop)) => {
                 prop_assert_eq!(text, reply[..at].to_string());
-                prop_assert_eq!(reason, FinishReason::StopSequence(stop));
+                prop_assert_eq!(reason, FinishReason::Stop(stop));
             }
             None => {
                 prop_assert_eq!(text, reply);
-                prop_assert_eq!(reason, FinishReason::EndOfText);
+                prop_assert_eq!(reason, FinishReason::Eos);
             }
         }
     }

@@ -5,11 +5,11 @@
 #![allow(dead_code)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use flatrun_server::mock::{mock_engine, MockConfig, MockStats};
+use flatrun_server::mock::{MockConfig, MockStats, mock_engine};
 use flatrun_server::{EngineSlot, SchedulerConfig, Server, ServerConfig};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

@@ -1,0 +1,218 @@
+//! The Flatrun runtime behind the server (feature `runtime`, on by default).
+//!
+//! [`RuntimeBatchModel`] implements [`BatchModel`] over a loaded
+//! [`Model`] with [`StreamingExecutor::step_batch`], so every active
+//! sequence shares one pass through the layers per step (in streaming mode
+//! each layer is read once for the whole batch). [`RuntimeText`] is the text
+//! side ([`TextModel`]: tokenizer, chat template), a clone of the model's
+//! tokenizer and template shared with the HTTP handlers. [`engine`] puts the
+//! two under a [`BatchEngine`].
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use flatrun_runtime::{LoadOptions, Model};
+//! use flatrun_server::{SchedulerConfig, Server, ServerConfig};
+//!
+//! # async fn serve() -> Result<(), Box<dyn std::error::Error>> {
+//! let model = Model::load("SmolLM2-135M-Instruct.Q4_1.gguf", LoadOptions::default())?;
+//! let engine = flatrun_server::runtime::engine(model, SchedulerConfig::default())?;
+//! let server = Server::bind(ServerConfig::default()).await?;
+//! server.engine_slot().set(Arc::new(engine));
+//! server.run_until(flatrun_server::shutdown_signal()).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! [`StreamingExecutor::step_batch`]: flatrun_runtime::StreamingExecutor::step_batch
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
+use flatrun_model::tokenizer::StreamDecoder;
+use flatrun_runtime::{Model, RuntimeError, Sequence, StepOptions, Tokenizer};
+
+use crate::batch_model::{
+    BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
+};
+use crate::scheduler::{BatchEngine, SchedulerConfig};
+
+/// Why [`engine`] could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeEngineError {
+    /// The model has no usable tokenizer.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// The scheduler thread could not be spawned.
+    #[error(transparent)]
+    Spawn(#[from] std::io::Error),
+}
+
+/// The text side of a loaded model: tokenizer and chat template.
+#[derive(Clone)]
+pub struct RuntimeText {
+    name: String,
+    context_length: usize,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+}
+
+impl RuntimeText {
+    /// The tokenizer and chat template of `model`, served under the name of
+    /// its checkpoint (the file name without `.gguf`). A model without a chat
+    /// template still serves completions; chat requests then fail.
+    pub fn new(model: &Model) -> Result<RuntimeText, RuntimeError> {
+        let name = model
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+            .unwrap_or_else(|| "flatrun".into());
+        Ok(RuntimeText {
+            name,
+            context_length: model.executor().context_size(),
+            tokenizer: model.tokenizer()?.clone(),
+            template: model.chat_template().ok().cloned(),
+        })
+    }
+
+    /// The text of a special token (BOS, EOS) for the template; empty when
+    /// the model has none.
+    fn piece(&self, id: Option<u32>) -> String {
+        id.map(|i| String::from_utf8_lossy(&self.tokenizer.token_to_piece(i)).into_owned())
+            .unwrap_or_default()
+    }
+}
+
+impl TextModel for RuntimeText {
+    fn model_name(&self) -> &str {
+        &self.name
+    }
+
+    fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>, ModelError> {
+        self.tokenizer
+            .encode(text, add_special, true)
+            .map_err(|e| ModelError(e.to_string()))
+    }
+
+    fn detokenize(&self, tokens: &[u32]) -> Result<String, ModelError> {
+        self.tokenizer
+            .decode(tokens, false)
+            .map_err(|e| ModelError(e.to_string()))
+    }
+
+    fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError> {
+        let template = self
+            .template
+            .as_ref()
+            .ok_or_else(|| ModelError("this model has no chat template".into()))?;
+        template
+            .render(
+                messages,
+                true,
+                &self.piece(self.tokenizer.bos()),
+                &self.piece(self.tokenizer.eos()),
+            )
+            .map_err(|e| ModelError(e.to_string()))
+    }
+
+    fn is_end_of_generation(&self, token: u32) -> bool {
+        self.tokenizer.stop_ids().contains(&token)
+    }
+
+    fn stream_decoder(&self) -> Box<dyn TokenTextStream + '_> {
+        Box::new(StreamDecoder::new(&self.tokenizer))
+    }
+}
+
+/// The compute side: the model and its live sequences.
+pub struct RuntimeBatchModel {
+    model: Model,
+    sequences: HashMap<SeqId, Sequence>,
+    next_id: u64,
+}
+
+impl RuntimeBatchModel {
+    pub fn new(model: Model) -> RuntimeBatchModel {
+        RuntimeBatchModel {
+            model,
+            sequences: HashMap::new(),
+            next_id: 0,
+        }
+    }
+}
+
+impl BatchModel for RuntimeBatchModel {
+    fn new_sequence(&mut self, positions: usize) -> Result<SeqId, ModelError> {
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        // A KV cache for this request's positions only, not the whole context.
+        let sequence = self.model.executor().new_sequence_with_capacity(positions);
+        self.sequences.insert(id, sequence);
+        Ok(id)
+    }
+
+    fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Take the batch's sequences out of the map to borrow them all mutably.
+        let mut taken = Vec::with_capacity(batch.len());
+        for input in batch {
+            match self.sequences.remove(&input.seq) {
+                Some(seq) => taken.push((input.seq, seq)),
+                None => {
+                    self.sequences.extend(taken);
+                    return Err(ModelError(format!("unknown sequence {:?}", input.seq)));
+                }
+            }
+        }
+        // One pass through the layers for every sequence of the batch.
+        let result = {
+            let mut pairs: Vec<(&mut Sequence, &[u32])> = taken
+                .iter_mut()
+                .zip(batch)
+                .map(|((_, seq), input)| (seq, input.tokens))
+                .collect();
+            self.model
+                .executor_mut()
+                .step_batch(&mut pairs, StepOptions::default())
+        };
+        self.sequences.extend(taken);
+        let outputs = result.map_err(|e| ModelError(e.to_string()))?;
+        Ok(outputs
+            .into_iter()
+            .zip(batch)
+            .map(|(out, input)| {
+                if input.logits_needed {
+                    out.logits
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect())
+    }
+
+    fn free(&mut self, seq: SeqId) {
+        self.sequences.remove(&seq);
+    }
+
+    fn residency(&self) -> Option<Residency> {
+        let exec = self.model.executor();
+        Some(Residency {
+            resident_bytes: exec.residency().resident_bytes,
+            total_bytes: exec.manifest().total_bytes(),
+        })
+    }
+}
+
+/// A [`BatchEngine`] over a loaded model: its scheduler thread owns the
+/// model, the HTTP handlers share its [`RuntimeText`].
+pub fn engine(model: Model, scheduler: SchedulerConfig) -> Result<BatchEngine, RuntimeEngineError> {
+    let text: Arc<dyn TextModel> = Arc::new(RuntimeText::new(&model)?);
+    Ok(BatchEngine::start(
+        RuntimeBatchModel::new(model),
+        text,
+        scheduler,
+    )?)
+}
