@@ -26,18 +26,20 @@ pub struct EngineFlags {
     /// `bench` measures every mode given (repeat the flag or separate with commas).
     #[arg(long, value_name = "MODE", value_delimiter = ',')]
     pub residency: Vec<String>,
-    /// Layers read ahead by the prefetch thread (0 = off); in stream mode,
-    /// row chunks of `--stream-chunk` bytes read ahead.
+    /// Streamed items read ahead of the one in use (0 = no read-ahead
+    /// thread): whole layers under a cap, row chunks of `--stream-chunk`
+    /// bytes in stream mode.
     #[arg(long, default_value_t = 1)]
     pub prefetch: usize,
-    /// Streamed matrices are mapped in row chunks of at most this size
-    /// (e.g. 2M, 512K): at most (prefetch + 1) chunks of weights are resident.
+    /// Streamed matrices are read in row chunks of at most this size
+    /// (e.g. 2M, 512K): at most (prefetch + 1) chunks of weights are in memory.
     #[arg(long, value_name = "SIZE", default_value = "2M")]
     pub stream_chunk: String,
-    /// How a capped model reads the layers it streams: `direct` (O_DIRECT,
-    /// bypassing the page cache, so a tight memory cgroup keeps the kept
-    /// layers), `page-cache` (buffered, fast when the file is cached), or
-    /// `auto` (page-cache when free memory holds the model twice over).
+    /// How streamed weights are read: `direct` (O_DIRECT, bypassing the
+    /// page cache, so a tight memory cgroup keeps the kept layers),
+    /// `page-cache` (buffered, fast when the file is cached), or `auto`
+    /// (stream mode: page-cache; a cap: page-cache when free memory holds
+    /// the kept bytes and twice the streamed ones).
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub stream_reads: String,
     /// KV cache element type: f16 or f32.

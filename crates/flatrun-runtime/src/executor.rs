@@ -264,8 +264,8 @@ fn leased<'l>(
 }
 
 impl StreamingExecutor {
-    /// Prepare an executor: read the small vectors, plan residency, start
-    /// the prefetch thread.
+    /// Prepare an executor: read the small vectors, plan residency and the
+    /// weights' items, start the weight engine.
     pub fn new(
         backend: Arc<dyn StorageBackend>,
         cfg: ModelConfig,

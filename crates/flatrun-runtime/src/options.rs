@@ -120,9 +120,10 @@ impl FromStr for KvType {
     }
 }
 
-/// How streamed weights are read (see `weights/`).
+/// How streamed weights are read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamReads {
+    /// `Stream` residency: `PageCache`. A cap or a custom policy:
     /// `PageCache` when memory is plentiful — the process's headroom
     /// (`memory_headroom` in `memory.rs`: `MemAvailable` and every memory
     /// cgroup's limit less its usage) holds the kept bytes, twice the
@@ -154,13 +155,15 @@ impl FromStr for StreamReads {
     }
 }
 
-/// How upcoming layers are read ahead.
+/// How the weight engine reads ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefetch {
-    /// No read-ahead: each layer faults its pages in when it starts.
+    /// No read-ahead thread: the executor reads each streamed item, and
+    /// faults in each kept layer, when it first needs it.
     Off,
-    /// A background thread populates layers `i+1 ..= i+depth` while layer
-    /// `i` runs (`MADV_POPULATE_READ`, or `MADV_WILLNEED` where unsupported).
+    /// A background thread reads the `depth` streamed items (whole layers
+    /// under a cap, row chunks in stream mode) after the one in use, and in
+    /// its spare time faults in the kept layers before their first use.
     Ahead { depth: usize },
 }
 
@@ -201,11 +204,11 @@ pub struct LoadOptions {
     /// Run only these decoder layers (`None`: all).
     pub layers: Option<crate::layer_range::LayerSelection>,
     /// Streamed matrices (every layer in `Stream` mode, the head too) are
-    /// mapped in row chunks of at most this many bytes, `prefetch` depth
+    /// read in row chunks of at most this many bytes, `prefetch` depth
     /// chunks ahead: at most `(depth + 1) × stream_chunk_bytes` of weights are
-    /// resident at once, however large a layer is (see `weights/`).
+    /// in memory at once, however large a layer is.
     pub stream_chunk_bytes: usize,
-    /// How a capped model reads the layers it streams.
+    /// Whether streamed weights are read through the page cache or around it.
     pub stream_reads: StreamReads,
 }
 

@@ -1,5 +1,5 @@
 //! Capped residency: the kept layers, the kept first rows of the head and the
-//! streamed rest (read into buffers by `stream_reader.rs`) give the same
+//! streamed rest (read into buffers by the weight engine) give the same
 //! logits, bit for bit, as a fully resident model — for one sequence and for
 //! a batch of sequences stepped together (capped serving), whether the
 //! streamed bytes are read around the page cache (`O_DIRECT`) or through it.

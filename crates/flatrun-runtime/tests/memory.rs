@@ -313,7 +313,7 @@ fn qwen2_runs_under_half_file_cgroup_cap() {
     assert!(field(&r, "tokens") >= 16.0);
 }
 
-/// Stream mode multiplies every matrix in row chunks (`chunk_stream.rs`),
+/// Stream mode multiplies every matrix in row chunks (the weight engine, `src/weights/`),
 /// resident mode in one call: the logits must be the same bits.
 fn stream_logits_equal_resident(file: &str, chunk_bytes: usize) {
     let Some(path) = common::model(file) else {
