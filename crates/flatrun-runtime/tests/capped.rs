@@ -160,9 +160,11 @@ fn qwen35() -> Option<std::path::PathBuf> {
 #[test]
 #[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
 fn qwen35_capped_equals_resident() {
-    // Recurrent delta-net layers and gated attention, half of them streamed
-    // whole through the read buffers, the rest kept.
+    // Recurrent delta-net layers and gated attention: every other layer
+    // streamed whole through the read buffers (the rest kept), and a cap of
+    // half the file.
     let Some(path) = qwen35() else { return };
+    residency_equals_resident(&path, Residency::Custom(even_layers), "qwen35");
     let bytes = std::fs::metadata(&path).expect("size").len();
     residency_equals_resident(&path, Residency::Cap(bytes / 2), "qwen35");
 }
