@@ -873,14 +873,12 @@ impl StreamingExecutor {
                     what: what.0,
                 })?;
             self.profiler.record_other("head_io_wait", t_io.elapsed());
-            let chunk = head
-                .sources
-                .as_ref()
-                .and_then(|sources| rows_from(&w, sources, rows.clone(), &lease))
-                .ok_or_else(|| RuntimeError::StreamRead {
+            let chunk = rows_from(&w, &head.sources, rows.clone(), &lease).ok_or_else(|| {
+                RuntimeError::StreamRead {
                     tensor: name.clone(),
                     what: format!("rows {rows:?} not in the streamed chunk"),
-                })?;
+                }
+            })?;
             multiply(&chunk, rows.clone(), &mut self.profiler)?;
         }
         // logits = cap · tanh(logits / cap) (final soft-capping, when set)

@@ -265,12 +265,11 @@ pub fn memory_headroom() -> Option<u64> {
     headroom
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
     #[test]
-    #[cfg(target_os = "linux")]
     fn headroom_is_known_and_at_most_mem_available() {
         let headroom = memory_headroom().expect("/proc/meminfo is readable on Linux");
         let available: u64 = std::fs::read_to_string("/proc/meminfo")

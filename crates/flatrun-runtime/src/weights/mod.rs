@@ -276,8 +276,6 @@ pub(crate) struct FetchError(pub String);
 pub(crate) struct WeightEngine {
     /// Streamed items, by index.
     streamed: Arc<Vec<Vec<Span>>>,
-    /// `position[i]`: where streamed item `i` is in the schedule.
-    position: Vec<usize>,
     /// Kept items' mapped ranges, by index.
     kept: Arc<Vec<Vec<Mapped>>>,
     shared: Arc<Shared>,
@@ -339,7 +337,6 @@ impl WeightEngine {
             })
             .flatten();
         WeightEngine {
-            position: (0..streamed.len()).collect(),
             streamed,
             kept,
             shared,
@@ -389,14 +386,14 @@ impl WeightEngine {
     /// Take streamed item `item`: wait while the thread reads it (or an item
     /// before it), read it here when the thread is not on it.
     pub(crate) fn acquire(&self, item: usize) -> Result<Lease, FetchError> {
-        let position = *self
-            .position
-            .get(item)
-            .ok_or_else(|| FetchError(format!("no streamed item {item}")))?;
-        let len = self.streamed.len() as u64;
+        // The schedule is the items' index order.
+        if item >= self.streamed.len() {
+            return Err(FetchError(format!("no streamed item {item}")));
+        }
+        let (position, len) = (item as u64, self.streamed.len() as u64);
         let mut w = self.shared.lock();
         let old = w.at;
-        let ticket = old + 1 + (position as u64 + len - old % len) % len;
+        let ticket = old + 1 + (position + len - old % len) % len;
         w.at = ticket;
         self.shared.changed.notify_all();
         while w.busy.is_some_and(|b| b <= ticket) {

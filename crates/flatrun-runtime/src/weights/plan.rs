@@ -120,7 +120,7 @@ impl ChunkedMatrix {
 pub(crate) struct HeadLayout {
     pub kept: Option<usize>,
     pub kept_rows: usize,
-    pub sources: Option<Sources>,
+    pub sources: Sources,
     /// (rows, streamed item) of each chunk, in order.
     pub chunks: Vec<(Range<usize>, usize)>,
 }
@@ -365,7 +365,7 @@ impl WeightPlan {
             head: HeadLayout {
                 kept: head_kept,
                 kept_rows,
-                sources: Some(sources),
+                sources,
                 chunks,
             },
             streamed,
