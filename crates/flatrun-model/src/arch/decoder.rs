@@ -4,7 +4,7 @@
 //! its own KV cache through a [`Segment`]). Family differences are data:
 //! optional biases, q/k norms, sandwich norms, the activation, the window and
 //! RoPE base of the layer. Its two halves, the attention core
-//! ([`attention_core`]) and the FFN block ([`ffn_block`]), are shared with the
+//! (`attention_core`) and the FFN block (`ffn_block`), are shared with the
 //! layers of other families (Qwen3.5).
 
 use super::delta_net::DeltaNetScratch;
