@@ -7,24 +7,6 @@
 //! It also cannot be rewound: a state mixes every token seen so far. When a
 //! sequence is truncated the state is marked *stale*, and the executor
 //! rebuilds it by replaying the kept tokens before the next step.
-//!
-//! ```
-//! use flatrun_model::arch::delta_net::DeltaNetConfig;
-//! use flatrun_runtime::recurrent_state::RecurrentState;
-//!
-//! let cfg = DeltaNetConfig {
-//!     d_conv: 4, head_k_dim: 8, head_v_dim: 8, n_k_heads: 1, n_v_heads: 2,
-//!     recurrent_layers: vec![true, false],
-//! };
-//! let mut state = RecurrentState::for_layers(Some(&cfg));
-//! assert!(state.layer_mut(0).is_some() && state.layer_mut(1).is_none());
-//! // (4 − 1) × (2·8 + 16) conv values + 2 × 8 × 8 state values, f32.
-//! assert_eq!(state.bytes(), (3 * 32 + 128) * 4);
-//! state.mark_stale();
-//! assert!(state.is_stale());
-//! state.reset();
-//! assert!(!state.is_stale());
-//! ```
 
 use flatrun_model::ModelConfig;
 use flatrun_model::arch::delta_net::{DeltaNetConfig, DeltaNetState};
@@ -96,5 +78,30 @@ impl RecurrentState {
     /// Whether the states must be rebuilt before the next step.
     pub fn is_stale(&self) -> bool {
         self.stale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holds_the_recurrent_layers_only_and_tracks_staleness() {
+        let cfg = DeltaNetConfig {
+            d_conv: 4,
+            head_k_dim: 8,
+            head_v_dim: 8,
+            n_k_heads: 1,
+            n_v_heads: 2,
+            recurrent_layers: vec![true, false],
+        };
+        let mut state = RecurrentState::for_layers(Some(&cfg));
+        assert!(state.layer_mut(0).is_some() && state.layer_mut(1).is_none());
+        // (4 − 1) × (2·8 + 16) conv values + 2 × 8 × 8 state values, f32.
+        assert_eq!(state.bytes(), (3 * 32 + 128) * 4);
+        state.mark_stale();
+        assert!(state.is_stale());
+        state.reset();
+        assert!(!state.is_stale());
     }
 }
