@@ -323,7 +323,7 @@ impl StreamingExecutor {
             ),
             _ => (Granularity::Layer, capped_chunk),
         };
-        let weights = WeightPlan::build(&PlanInput {
+        let (weights, items) = WeightPlan::build(&PlanInput {
             backend: b,
             manifest: &manifest,
             skipped: &|il| !selection.runs(il) || dense.layer(il).is_some(),
@@ -337,7 +337,7 @@ impl StreamingExecutor {
             head_kept_rows,
             head_chunk_bytes,
         })?;
-        let policy = read_policy(opts, &residency, weights.streamed_bytes());
+        let policy = read_policy(opts, &residency, items.streamed_bytes());
         // The layers' norms and biases: kept as f32 copies, except those of
         // chunked layers, read again whenever the layer runs.
         let vectors = LayerVectorStore::load(b, k, &manifest, cfg.n_layer, |il| {
@@ -358,8 +358,8 @@ impl StreamingExecutor {
         }
         let engine = WeightEngine::start(
             backend.clone(),
-            weights.streamed.clone(),
-            weights.kept.clone(),
+            items.streamed,
+            items.kept,
             read_depth,
             policy,
         );

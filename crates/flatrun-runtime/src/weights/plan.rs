@@ -125,15 +125,27 @@ pub(crate) struct HeadLayout {
     pub chunks: Vec<(Range<usize>, usize)>,
 }
 
-/// The whole plan: per layer, the head, and the items the engine runs.
+/// The whole plan: how each layer and the head reach the kernels.
 #[derive(Debug)]
 pub(crate) struct WeightPlan {
     pub layers: Vec<LayerLayout>,
     pub head: HeadLayout,
+}
+
+/// The items the plan refers to by index, handed to the engine.
+#[derive(Debug)]
+pub(crate) struct Items {
     /// Streamed items' spans, in schedule order.
     pub streamed: Vec<Vec<Span>>,
     /// Kept items' mapped ranges.
     pub kept: Vec<Vec<Mapped>>,
+}
+
+impl Items {
+    /// Bytes the streamed items read per step.
+    pub(crate) fn streamed_bytes(&self) -> u64 {
+        self.streamed.iter().flatten().map(|s| s.len).sum()
+    }
 }
 
 /// How a layer the plan does not keep is streamed.
@@ -275,8 +287,8 @@ fn push_chunks(
 }
 
 impl WeightPlan {
-    /// Plan `input`: items in the order a step uses them.
-    pub(crate) fn build(input: &PlanInput) -> Result<WeightPlan> {
+    /// Plan `input`, with its items in the order a step uses them.
+    pub(crate) fn build(input: &PlanInput) -> Result<(WeightPlan, Items)> {
         let b = input.backend;
         let mut streamed: Vec<Vec<Span>> = Vec::new();
         let mut kept: Vec<Vec<Mapped>> = Vec::new();
@@ -360,7 +372,7 @@ impl WeightPlan {
             input.head_chunk_bytes,
             &mut streamed,
         );
-        Ok(WeightPlan {
+        let plan = WeightPlan {
             layers,
             head: HeadLayout {
                 kept: head_kept,
@@ -368,14 +380,8 @@ impl WeightPlan {
                 sources,
                 chunks,
             },
-            streamed,
-            kept,
-        })
-    }
-
-    /// Bytes the streamed items read per step.
-    pub(crate) fn streamed_bytes(&self) -> u64 {
-        self.streamed.iter().flatten().map(|s| s.len).sum()
+        };
+        Ok((plan, Items { streamed, kept }))
     }
 }
 
