@@ -368,6 +368,9 @@ impl GgufBackend {
 }
 
 impl StorageBackend for GgufBackend {
+    fn check_files(&self) -> Result<()> {
+        self.file.check()
+    }
     fn name(&self) -> &'static str {
         "gguf"
     }

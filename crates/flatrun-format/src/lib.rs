@@ -73,6 +73,8 @@ pub enum FormatError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path}: the model file changed: {what}; restart to load it again")]
+    FileChanged { path: PathBuf, what: String },
     #[error("{path}: unrecognized checkpoint format: {reason}")]
     UnknownFormat { path: PathBuf, reason: String },
     #[error("{path}: truncated at byte {offset}: {what}")]
@@ -247,6 +249,13 @@ pub trait StorageBackend: Send + Sync {
     /// Whether a tensor of this canonical (or original) name exists.
     fn contains(&self, name: &str) -> bool {
         self.tensor_info(name).is_some()
+    }
+    /// Whether the files are still the bytes that were mapped: an error
+    /// ([`FormatError::FileChanged`]) once one was truncated or modified in
+    /// place. Callers check around each pass that reads tensor bytes, and
+    /// discard that pass's results on error.
+    fn check_files(&self) -> Result<()> {
+        Ok(())
     }
     /// Start read-ahead (`MADV_WILLNEED`) of the named tensors; unknown names
     /// are ignored (prefetch is only a hint).

@@ -364,6 +364,9 @@ fn fold_triple(
 }
 
 impl StorageBackend for MlxBackend {
+    fn check_files(&self) -> Result<()> {
+        self.maps.iter().try_for_each(MappedFile::check)
+    }
     fn name(&self) -> &'static str {
         "mlx"
     }

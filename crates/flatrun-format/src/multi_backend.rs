@@ -125,6 +125,9 @@ impl MultiBackend {
 }
 
 impl StorageBackend for MultiBackend {
+    fn check_files(&self) -> Result<()> {
+        self.shards.iter().try_for_each(|s| s.check_files())
+    }
     fn name(&self) -> &'static str {
         self.name
     }

@@ -241,6 +241,9 @@ impl SafetensorsBackend {
 }
 
 impl StorageBackend for SafetensorsBackend {
+    fn check_files(&self) -> Result<()> {
+        self.file.check()
+    }
     fn name(&self) -> &'static str {
         "safetensors"
     }

@@ -504,6 +504,10 @@ impl StreamingExecutor {
                 self.replay(seq)?;
             }
         }
+        // A model file truncated or rewritten since the last pass fails the
+        // step before it reads; one changed during the pass (its reads gave
+        // zeros, see flatrun-format's mapped_file) fails it after.
+        self.backend.check_files()?;
         let started = Instant::now();
         let n_total: usize = batch.iter().map(|(_, t)| t.len()).sum();
         let is_decode = batch.iter().all(|(_, t)| t.len() == 1);
@@ -529,6 +533,7 @@ impl StreamingExecutor {
                 break;
             }
             self.run_pieces(batch, &pieces, opts, &mut outputs)?;
+            self.backend.check_files()?;
             for (s, r) in &pieces {
                 done[*s] = r.end;
             }

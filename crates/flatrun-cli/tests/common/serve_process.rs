@@ -1,5 +1,6 @@
 //! A `flatrun serve` child process for the server tests (`serve.rs`,
 //! `serve_load.rs`): started on a free loopback port, killed on drop.
+#![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -45,6 +46,11 @@ impl ServeProcess {
             }
         });
         ServeProcess { child, address }
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Status code of a GET, or `None` when the connection fails.
