@@ -45,6 +45,8 @@ pub enum ErrorKind {
     Overloaded,
     /// 503: the model is still loading, or the server is shutting down.
     Unavailable,
+    /// 504: the request ran past `--request-timeout`.
+    Timeout,
     /// 500: anything else.
     Internal,
 }
@@ -108,6 +110,7 @@ impl ApiError {
                 StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
             }
             (ErrorKind::Unavailable, _) => StatusCode::SERVICE_UNAVAILABLE,
+            (ErrorKind::Timeout, _) => StatusCode::GATEWAY_TIMEOUT,
             (ErrorKind::Internal, _) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -119,7 +122,7 @@ impl ApiError {
                 ErrorKind::Authentication => "authentication_error",
                 ErrorKind::NotFound => "not_found_error",
                 ErrorKind::Overloaded => "rate_limit_error",
-                ErrorKind::Unavailable | ErrorKind::Internal => "server_error",
+                ErrorKind::Unavailable | ErrorKind::Internal | ErrorKind::Timeout => "server_error",
                 _ => "invalid_request_error",
             },
             ApiFlavor::Anthropic => match self.kind {
@@ -128,6 +131,7 @@ impl ApiError {
                 ErrorKind::NotFound => "not_found_error",
                 ErrorKind::PayloadTooLarge => "request_too_large",
                 ErrorKind::Overloaded | ErrorKind::Unavailable => "overloaded_error",
+                ErrorKind::Timeout => "timeout_error",
                 ErrorKind::Internal => "api_error",
             },
         }

@@ -42,6 +42,29 @@ pub struct ServeArgs {
     /// Seconds in-flight requests get to finish on SIGINT/SIGTERM.
     #[arg(long, default_value_t = 10.0)]
     pub shutdown_grace: f64,
+    /// Serve `/metrics` without the API key (for a scraper inside the
+    /// trusted network).
+    #[arg(long)]
+    pub public_metrics: bool,
+    /// Largest `max_tokens` a request may ask for; requests that do not say
+    /// get this many at most.
+    #[arg(long)]
+    pub max_tokens_limit: Option<u64>,
+    /// Seconds a request may take from its first byte to its last answer
+    /// byte (0: no limit).
+    #[arg(long, default_value_t = 0.0)]
+    pub request_timeout: f64,
+    /// Seconds a client may take to send its request head; slower clients
+    /// are disconnected.
+    #[arg(long, default_value_t = 10.0)]
+    pub header_timeout: f64,
+    /// Largest request head (request line and headers).
+    #[arg(long, default_value = "64K", value_parser = parse_size)]
+    pub max_header: usize,
+    /// Allow browsers from this origin (repeatable; `*` for any). Without
+    /// it the server sends no CORS headers.
+    #[arg(long = "cors", value_name = "ORIGIN")]
+    pub cors: Vec<String>,
 }
 
 impl ServeArgs {
@@ -57,6 +80,12 @@ impl ServeArgs {
             default_sampling: sampling,
             ping_interval: seconds(self.ping_interval),
             shutdown_grace: seconds(self.shutdown_grace),
+            public_metrics: self.public_metrics,
+            max_tokens_limit: self.max_tokens_limit,
+            request_timeout: (self.request_timeout > 0.0).then(|| seconds(self.request_timeout)),
+            header_timeout: seconds(self.header_timeout),
+            max_header_bytes: self.max_header,
+            cors_origins: self.cors.clone(),
         }
     }
 

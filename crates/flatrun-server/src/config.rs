@@ -13,7 +13,9 @@ pub struct ServerConfig {
     /// Port to bind (`--port`); 0 picks a free one.
     pub port: u16,
     /// When set (`--api-key` or `FLATRUN_API_KEY`), every endpoint but
-    /// `/health` requires it as `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    /// `/health` (and `/metrics` with [`ServerConfig::public_metrics`])
+    /// requires it as `Authorization: Bearer KEY` or `x-api-key: KEY`,
+    /// compared in constant time.
     pub api_key: Option<String>,
     /// Largest accepted request body in bytes (`--max-body`); larger → 413.
     pub max_body_bytes: usize,
@@ -30,6 +32,23 @@ pub struct ServerConfig {
     /// On SIGINT/SIGTERM, how long in-flight requests may run before they
     /// are cancelled.
     pub shutdown_grace: Duration,
+    /// `/metrics` answers without the API key (`--public-metrics`).
+    pub public_metrics: bool,
+    /// Largest `max_tokens` a request may ask for (`--max-tokens-limit`); a
+    /// request that asks for more is a 400, one that does not say gets this.
+    pub max_tokens_limit: Option<u64>,
+    /// Longest a request may take, reading its body to its last byte out
+    /// (`--request-timeout`): a late answer is a 504, a late stream ends
+    /// with an error event.
+    pub request_timeout: Option<Duration>,
+    /// Longest a client may take to send its request head
+    /// (`--header-timeout`): slow clients are disconnected.
+    pub header_timeout: Duration,
+    /// Largest request head in bytes (`--max-header`): larger is a 431.
+    pub max_header_bytes: usize,
+    /// Origins allowed to call the server from a browser (`--cors`); empty
+    /// means no CORS headers at all, `*` allows any origin.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +62,12 @@ impl Default for ServerConfig {
             default_sampling: api_default_sampling(),
             ping_interval: Duration::from_secs(1),
             shutdown_grace: Duration::from_secs(10),
+            public_metrics: false,
+            max_tokens_limit: None,
+            request_timeout: None,
+            header_timeout: Duration::from_secs(10),
+            max_header_bytes: 64 * 1024,
+            cors_origins: Vec::new(),
         }
     }
 }

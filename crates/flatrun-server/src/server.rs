@@ -1,14 +1,16 @@
-//! The router, the middleware (API key, metrics), the small endpoints
-//! (`/health`, `/metrics`, `/tokenize`, `/detokenize`), and the server's
-//! life cycle: bind, serve, graceful shutdown.
+//! The router, the middleware (CORS, API key, request time limit, metrics),
+//! the small endpoints (`/health`, `/metrics`, `/tokenize`, `/detokenize`),
+//! and the server's life cycle: bind, accept (with a deadline and a size
+//! limit on each request head), serve, graceful shutdown.
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -51,11 +53,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/health", get(health))
+        .route("/health/ready", get(health))
+        .route("/health/live", get(live))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(state.clone(), limit_time))
         .layer(middleware::from_fn_with_state(
             state.clone(),
             require_api_key,
@@ -64,17 +69,24 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             count_requests,
         ))
+        .layer(middleware::from_fn_with_state(state.clone(), cors))
         .layer(DefaultBodyLimit::max(body_limit))
         .with_state(state)
 }
 
-/// Refuses requests without the configured API key (`/health` is open).
+/// Refuses requests without the configured API key (`/health` and its
+/// probes are open, `/metrics` too with `--public-metrics`).
 async fn require_api_key(State(state): State<AppState>, request: Request, next: Next) -> Response {
     let Some(expected) = state.config.api_key.as_deref() else {
         return next.run(request).await;
     };
     let path = request.uri().path();
-    if path == "/health" || presented_key(request.headers()) == Some(expected) {
+    let open = matches!(path, "/health" | "/health/ready" | "/health/live")
+        || (path == "/metrics" && state.config.public_metrics);
+    if open
+        || presented_key(request.headers())
+            .is_some_and(|key| keys_match(key.as_bytes(), expected.as_bytes()))
+    {
         return next.run(request).await;
     }
     let message = if presented_key(request.headers()).is_some() {
@@ -101,6 +113,113 @@ fn presented_key(headers: &HeaderMap) -> Option<&str> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim)
+}
+
+/// Whether `presented` equals `expected`, in a time that depends only on
+/// the expected key's length (no early exit at the first differing byte).
+fn keys_match(presented: &[u8], expected: &[u8]) -> bool {
+    let mut diff = presented.len() ^ expected.len();
+    for (i, &e) in expected.iter().enumerate() {
+        let p = presented.get(i).copied().unwrap_or(!e);
+        diff |= usize::from(std::hint::black_box(p ^ e));
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// `--request-timeout`: a request that has not answered by the deadline is a
+/// 504; a stream still running at the deadline ends with an error event
+/// (dropping the generation, which frees its slot).
+async fn limit_time(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let Some(limit) = state.config.request_timeout else {
+        return next.run(request).await;
+    };
+    let flavor = ApiFlavor::for_path(request.uri().path());
+    let deadline = tokio::time::Instant::now() + limit;
+    let timed_out = || {
+        ApiError::new(
+            flavor,
+            ErrorKind::Timeout,
+            format!(
+                "the request took longer than this server's limit of {:.1} s",
+                limit.as_secs_f64()
+            ),
+        )
+        .with_code("request_timeout")
+    };
+    let response = match tokio::time::timeout_at(deadline, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => return timed_out().into_response(),
+    };
+    let is_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !is_stream {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let error = timed_out();
+    let last_event = match flavor {
+        ApiFlavor::OpenAi => format!("data: {}\n\n", error.body()),
+        ApiFlavor::Anthropic => format!("event: error\ndata: {}\n\n", error.body()),
+    };
+    let data = Box::pin(body.into_data_stream());
+    let sleep = Box::pin(tokio::time::sleep_until(deadline));
+    let events = futures::stream::unfold(Some((data, sleep, last_event)), |state| async move {
+        let (mut data, mut sleep, last_event) = state?;
+        tokio::select! {
+            chunk = futures::StreamExt::next(&mut data) => {
+                chunk.map(|chunk| (chunk, Some((data, sleep, last_event))))
+            }
+            _ = &mut sleep => Some((Ok(axum::body::Bytes::from(last_event)), None)),
+        }
+    });
+    Response::from_parts(parts, Body::from_stream(events))
+}
+
+/// `--cors ORIGIN`: answers preflights and marks responses for the allowed
+/// origins; without the flag no CORS header is ever sent (browsers then
+/// refuse cross-origin calls).
+async fn cors(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let allowed = &state.config.cors_origins;
+    let origin = request.headers().get(header::ORIGIN).cloned();
+    let allow = origin.filter(|origin| {
+        allowed
+            .iter()
+            .any(|a| a == "*" || a.as_bytes() == origin.as_bytes())
+    });
+    let Some(origin) = allow else {
+        return next.run(request).await;
+    };
+    let preflight = request.method() == Method::OPTIONS
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+    let mut response = if preflight {
+        let mut response = StatusCode::NO_CONTENT.into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, OPTIONS"),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static(
+                "authorization, content-type, x-api-key, anthropic-version, anthropic-beta",
+            ),
+        );
+        headers.insert(
+            header::ACCESS_CONTROL_MAX_AGE,
+            HeaderValue::from_static("600"),
+        );
+        response
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.append(header::VARY, HeaderValue::from_static("origin"));
+    response
 }
 
 /// Counts answered requests by endpoint and status for `/metrics`.
@@ -150,6 +269,12 @@ async fn health(State(state): State<AppState>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// `GET /health/live`: 200 while the process answers (liveness; `/health`
+/// and `/health/ready` are the readiness probe).
+async fn live() -> Response {
+    Json(json!({"status": "alive"})).into_response()
 }
 
 /// `GET /metrics`: Prometheus text.
@@ -258,13 +383,11 @@ impl Server {
         let grace = state.config.shutdown_grace;
         let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
         let app = router(state.clone());
-        let serving = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                tracing::info!("shutting down: no new connections");
-                let _ = signalled_tx.send(true);
-            })
-            .into_future();
+        let serving = accept_loop(listener, app, state.config.clone(), async move {
+            shutdown.await;
+            tracing::info!("shutting down: no new connections");
+            let _ = signalled_tx.send(true);
+        });
         tokio::pin!(serving);
         // After the signal, wait out the grace period, then cancel.
         let grace_over = async {
@@ -296,6 +419,82 @@ impl Server {
     pub async fn run(self) -> Result<(), ServerError> {
         self.run_until(shutdown_signal()).await
     }
+}
+
+/// Accepts connections until `shutdown` completes, serving each with HTTP/1.1:
+/// a client that has not sent its whole request head within
+/// `--header-timeout` is disconnected (slowloris), a head over `--max-header`
+/// is a 431. After `shutdown`, idle connections close, busy ones after their
+/// current response; returns when all are closed.
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    config: Arc<ServerConfig>,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    use tower::ServiceExt;
+
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    // Each connection task holds a clone; `closed()` is all of them gone.
+    let (open_tx, open_rx) = tokio::sync::watch::channel(());
+    tokio::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    // Out of descriptors and the like: wait instead of spinning.
+                    tracing::warn!("accept failed: {error}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let app = app.clone();
+        let service = hyper::service::service_fn(move |request: hyper::Request<_>| {
+            app.clone().oneshot(request.map(Body::new))
+        });
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(config.header_timeout)
+            .max_buf_size(config.max_header_bytes.max(8192));
+        let mut stop = stop_rx.clone();
+        let open = open_rx.clone();
+        tokio::spawn(async move {
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(connection);
+            let mut draining = *stop.borrow();
+            if draining {
+                connection.as_mut().graceful_shutdown();
+            }
+            loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(error) = result {
+                            tracing::debug!("connection ended: {error}");
+                        }
+                        break;
+                    }
+                    changed = stop.changed(), if !draining => {
+                        draining = true;
+                        if changed.is_err() || *stop.borrow() {
+                            connection.as_mut().graceful_shutdown();
+                        }
+                    }
+                }
+            }
+            drop(open);
+        });
+    }
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(open_rx);
+    open_tx.closed().await;
+    Ok(())
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

@@ -91,8 +91,9 @@ impl AppState {
     }
 
     /// Checks the limits and submits: context overflow is a 400 before any
-    /// work, a full queue a 429/529. `max_tokens` of `None` means "up to the
-    /// end of the context".
+    /// work, a full queue a 429/529, more than `--max-tokens-limit` a 400.
+    /// `max_tokens` of `None` means "up to the end of the context" (or the
+    /// limit, if sooner).
     pub fn submit(
         &self,
         flavor: ApiFlavor,
@@ -115,6 +116,16 @@ impl AppState {
             )
             .with_code("context_length_exceeded")
         };
+        let limit = self.config.max_tokens_limit;
+        if let (Some(n), Some(limit)) = (max_tokens, limit)
+            && n > limit
+        {
+            return Err(ApiError::invalid(
+                flavor,
+                format!("max_tokens = {n} is more than this server's limit of {limit}"),
+            )
+            .with_code("max_tokens_limit"));
+        }
         let max_tokens = match max_tokens {
             Some(0) => return Err(ApiError::invalid(flavor, "max_tokens must be at least 1")),
             Some(n) if (prompt.len() as u64).saturating_add(n) > context as u64 => {
@@ -122,7 +133,7 @@ impl AppState {
             }
             Some(n) => n as usize,
             None if prompt.len() >= context => return Err(overflow(1)),
-            None => context - prompt.len(),
+            None => (context - prompt.len()).min(limit.map_or(usize::MAX, |l| l as usize)),
         };
         let request = GenerationRequest {
             prompt,

@@ -60,7 +60,12 @@ impl TestServer {
     }
 
     pub async fn default() -> Self {
-        Self::start(MockConfig::default(), SchedulerConfig::default(), config()).await
+        Self::default_with(config()).await
+    }
+
+    /// The default mock under `config`.
+    pub async fn default_with(config: ServerConfig) -> Self {
+        Self::start(MockConfig::default(), SchedulerConfig::default(), config).await
     }
 
     /// Signals shutdown and waits for the server to return.
