@@ -96,7 +96,9 @@ impl Sampler {
     pub fn draw_from(&mut self, dist: &Distribution) -> u32 {
         match dist {
             Distribution::Certain(t) => *t,
-            _ => self.draw_weighted(dist.support(), 1.0).unwrap_or_else(|| dist.mode()),
+            _ => self
+                .draw_weighted(dist.support(), 1.0)
+                .unwrap_or_else(|| dist.mode()),
         }
     }
 
@@ -104,7 +106,12 @@ impl Sampler {
     /// against the `target` distribution: accept with probability
     /// `min(1, p/q)`, otherwise draw the replacement from `max(0, p − q)`.
     /// A `Certain` target (greedy) accepts exactly its own token.
-    pub fn verify(&mut self, target: &Distribution, draft: &Distribution, proposal: u32) -> Verdict {
+    pub fn verify(
+        &mut self,
+        target: &Distribution,
+        draft: &Distribution,
+        proposal: u32,
+    ) -> Verdict {
         if let Distribution::Certain(t) = target {
             return if *t == proposal {
                 Verdict::Accept
@@ -126,10 +133,10 @@ impl Sampler {
             .support()
             .map(|(id, pi)| (pi - draft.prob(id)).max(0.0) as f64)
             .sum();
-        if total > 0.0 {
-            if let Some(id) = self.draw_weighted(residual, total) {
-                return Verdict::Replace(id);
-            }
+        if total > 0.0
+            && let Some(id) = self.draw_weighted(residual, total)
+        {
+            return Verdict::Replace(id);
         }
         // p ≤ q everywhere means p = q: a rejection is then impossible in
         // exact arithmetic; rounding can get here, and p itself is right.
@@ -137,7 +144,11 @@ impl Sampler {
     }
 
     /// A draw from unnormalized `(id, weight)` pairs summing to `total`.
-    fn draw_weighted(&mut self, pairs: impl Iterator<Item = (u32, f32)>, total: f64) -> Option<u32> {
+    fn draw_weighted(
+        &mut self,
+        pairs: impl Iterator<Item = (u32, f32)>,
+        total: f64,
+    ) -> Option<u32> {
         let mut target = self.rng.next_f64() * total;
         let mut last = None;
         for (id, w) in pairs {
@@ -225,7 +236,10 @@ mod tests {
                 })
                 .sum();
             // 3 degrees of freedom: P(chi2 > 16.27) = 0.001.
-            assert!(chi2 < 16.27, "draft {draft:?}: counts {counts:?}, chi2 {chi2}");
+            assert!(
+                chi2 < 16.27,
+                "draft {draft:?}: counts {counts:?}, chi2 {chi2}"
+            );
         }
     }
 
@@ -234,6 +248,9 @@ mod tests {
         let mut s = sampler(3);
         let t = Distribution::Certain(5);
         assert_eq!(s.verify(&t, &Distribution::Certain(5), 5), Verdict::Accept);
-        assert_eq!(s.verify(&t, &Distribution::Certain(4), 4), Verdict::Replace(5));
+        assert_eq!(
+            s.verify(&t, &Distribution::Certain(4), 4),
+            Verdict::Replace(5)
+        );
     }
 }
