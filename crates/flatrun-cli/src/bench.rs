@@ -12,11 +12,17 @@
 //! steps N sequences together (one pass through the layers per step for all
 //! of them: capped serving) and reports their aggregate tokens/s.
 
-use crate::flags::{EngineFlags, OutputFlags, human_bytes, parse_residency, residency_name};
+use crate::flags::{
+    EngineFlags, OutputFlags, SpeculationFlags, human_bytes, parse_residency, read_text_file,
+    residency_name,
+};
+use crate::generation::SpeculativeSummary;
 use crate::loading::load;
 use crate::progress::{Progress, on_terminal};
 use anyhow::{Result, bail};
-use flatrun_runtime::{Residency, Sequence, StepOptions, argmax};
+use flatrun_runtime::{
+    ChatMessage, GenerateOptions, Model, Residency, Sequence, Speculation, StepOptions, argmax,
+};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -44,11 +50,20 @@ pub struct BenchArgs {
     /// like `llama-bench --no-warmup`).
     #[arg(long)]
     pub no_warmup: bool,
+    /// Use this text as the prompt (instead of `-p` synthetic tokens): the
+    /// speculative proposers need a real text to propose from.
+    #[arg(long, value_name = "FILE")]
+    pub prompt_file: Option<PathBuf>,
+    /// Wrap the `--prompt-file` text in the model's chat template as one user turn.
+    #[arg(long, requires = "prompt_file")]
+    pub chat: bool,
     /// Print JSON instead of a markdown table.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
     pub engine: EngineFlags,
+    #[command(flatten)]
+    pub speculation: SpeculationFlags,
     #[command(flatten)]
     pub output: OutputFlags,
 }
@@ -82,6 +97,9 @@ pub struct BenchRow {
     /// Anonymous memory of the process after the test (its steady state:
     /// loading peaks higher while the checkpoint's header is parsed).
     pub anon_after_bytes: u64,
+    /// Speculative decoding's counts over the decode test's repetitions.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeSummary>,
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -125,31 +143,54 @@ pub fn run(args: BenchArgs) -> Result<()> {
         bail!("--batch must be at least 1");
     }
     let modes = modes(&args)?;
+    let speculation = args.speculation.speculation()?;
+    if speculation.is_some() && args.batch > 1 {
+        bail!("--draft/--lookup measure one sequence: drop --batch");
+    }
+    let text = args
+        .prompt_file
+        .as_deref()
+        .map(read_text_file)
+        .transpose()?;
     let quiet = args.output.quiet;
     let mut rows = Vec::new();
     for mode in modes {
         let mut engine = args.engine.clone();
         engine.residency = vec![residency_name_exact(mode)];
-        // The context the test needs (the warm-up uses at most 8 positions).
-        engine.ctx = engine
-            .ctx
-            .or(Some((args.n_prompt.max(8) + args.n_gen + 1).max(16)));
+        // The context the test needs (the warm-up uses at most 8 positions);
+        // a prompt file's length is known once the tokenizer is loaded.
+        if text.is_none() {
+            engine.ctx = engine
+                .ctx
+                .or(Some((args.n_prompt.max(8) + args.n_gen + 1).max(16)));
+        }
         reset_peak_rss();
         let mut loaded = load(&args.model, &engine, quiet)?;
         let model = &mut loaded.model;
+        args.speculation.attach_draft(model, &engine, quiet)?;
         let ctx = model.executor().context_size();
-        if args.n_prompt + args.n_gen + 1 > ctx {
+        let prompt = match &text {
+            Some(text) => prompt_from_text(model, text, args.chat)?,
+            None => {
+                // A deterministic prompt of ordinary tokens.
+                let vocab = model.executor().vocab_size() as u32;
+                (0..args.n_prompt.max(1) as u32)
+                    .map(|i| 100 + (i * 7919) % vocab.saturating_sub(200).max(1))
+                    .collect()
+            }
+        };
+        let n_prompt = if text.is_some() {
+            prompt.len()
+        } else {
+            args.n_prompt
+        };
+        if n_prompt + args.n_gen + 1 > ctx {
             bail!(
-                "context overflow: -p {} + -n {} does not fit the context of {ctx} tokens\nhint: lower -p/-n or raise --ctx",
-                args.n_prompt,
+                "context overflow: a prompt of {n_prompt} tokens + -n {} does not fit the context of {ctx} tokens\nhint: lower -p/-n or raise --ctx",
                 args.n_gen
             );
         }
-        // A deterministic prompt of ordinary tokens (BOS first when the model wants it).
-        let vocab = model.executor().vocab_size() as u32;
-        let prompt: Vec<u32> = (0..args.n_prompt.max(1) as u32)
-            .map(|i| 100 + (i * 7919) % vocab.saturating_sub(200).max(1))
-            .collect();
+        let spec_before = model.profiler().speculative;
 
         // One bar step per prefill and per decoded token of every repetition.
         let bar = Progress::bar(
@@ -165,6 +206,16 @@ pub fn run(args: BenchArgs) -> Result<()> {
             session.step(&prompt[..prompt.len().min(8)])?;
         }
         for _ in 0..args.repetitions {
+            if let Some(spec) = &speculation {
+                let (p, t) = speculative_repetition(model, &prompt, args.n_gen, spec, &bar)?;
+                if n_prompt > 0 {
+                    pp.push(p);
+                }
+                if args.n_gen > 0 {
+                    tg.push(t);
+                }
+                continue;
+            }
             if args.batch > 1 {
                 let (p, t) = batch_repetition(model, &prompt, &args, &bar)?;
                 pp.extend(p);
@@ -177,8 +228,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let logits = session.step(&prompt)?;
             let prefill = started.elapsed();
             bar.inc();
-            if args.n_prompt > 0 {
-                pp.push(args.n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
+            if n_prompt > 0 {
+                pp.push(n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
             }
             // Decode: one token per step, greedy.
             let mut next = argmax(&logits);
@@ -193,6 +244,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
         }
         bar.finish();
+        let speculative = speculation
+            .as_ref()
+            .map(|_| SpeculativeSummary::between(&spec_before, &model.profiler().speculative));
         let plan = model.executor().residency().clone();
         let kv_bytes = model.executor().new_sequence().kv_bytes() as u64;
         let rss_after = flatrun_runtime::rss();
@@ -220,12 +274,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
             streamed_bytes_per_token: plan.streamed_bytes_per_token,
             kv_bytes,
             anon_after_bytes: rss_after.anon,
+            speculative: None,
         };
-        if args.n_prompt > 0 {
-            rows.push(row(format!("pp{}", args.n_prompt), args.n_prompt, pp));
+        if n_prompt > 0 {
+            rows.push(row(format!("pp{n_prompt}"), n_prompt, pp));
         }
         if args.n_gen > 0 {
-            rows.push(row(format!("tg{}", args.n_gen), args.n_gen, tg));
+            let mut decode = row(format!("tg{}", args.n_gen), args.n_gen, tg);
+            decode.speculative = speculative;
+            rows.push(decode);
         }
     }
     if args.json {
@@ -234,6 +291,53 @@ pub fn run(args: BenchArgs) -> Result<()> {
         print!("{}", markdown(&rows));
     }
     Ok(())
+}
+
+/// The `--prompt-file` text as tokens (in the chat template with `--chat`).
+fn prompt_from_text(model: &Model, text: &str, chat: bool) -> Result<Vec<u32>> {
+    let rendered = if chat {
+        model.apply_chat_template(&[ChatMessage::new("user", text)], true)?
+    } else {
+        text.to_string()
+    };
+    Ok(model.encode(&rendered, true)?)
+}
+
+/// One repetition with speculative decoding: the prompt in one step (timed
+/// as prefill, with the first sample), then `n_gen` greedy tokens through
+/// the generation loop, proposals verified several per pass. Returns
+/// (prefill, decode) tokens/s.
+fn speculative_repetition(
+    model: &mut Model,
+    prompt: &[u32],
+    n_gen: usize,
+    spec: &Speculation,
+    bar: &Progress,
+) -> Result<(f64, f64)> {
+    let opts = GenerateOptions {
+        max_new: n_gen + 1,
+        stop_at_eos: false,
+        speculation: Some(spec.clone()),
+        ..GenerateOptions::default()
+    };
+    let started = Instant::now();
+    let seq = model.new_sequence();
+    let mut generation = model.generate_in(seq, prompt.to_vec(), opts)?;
+    generation.next().transpose()?;
+    let prefill = started.elapsed();
+    bar.inc();
+    let started = Instant::now();
+    let mut decoded = 0;
+    for event in generation {
+        event?;
+        decoded += 1;
+        bar.inc();
+    }
+    let decode = started.elapsed();
+    Ok((
+        prompt.len() as f64 / prefill.as_secs_f64().max(1e-9),
+        decoded as f64 / decode.as_secs_f64().max(1e-9),
+    ))
 }
 
 /// One repetition with `--batch` sequences: each prefilled on its own
@@ -307,6 +411,11 @@ pub fn markdown(rows: &[BenchRow]) -> String {
             r.max_tok_s,
             human_bytes(r.peak_rss_bytes)
         ));
+    }
+    for r in rows {
+        if let Some(spec) = &r.speculative {
+            s.push_str(&format!("\n{} {}: {}\n", r.residency, r.test, spec.line()));
+        }
     }
     s
 }

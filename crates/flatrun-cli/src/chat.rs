@@ -10,7 +10,7 @@
 //! A line ending in `\` continues on the next line; `"""` opens and closes a
 //! multi-line block. Ctrl-C stops the current answer and keeps the session.
 
-use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, human_bytes};
+use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, SpeculationFlags, human_bytes};
 use crate::generation::{GenerationRequest, GenerationStats, generate, reusable_prefix};
 use crate::interrupt::Interrupt;
 use crate::loading::{finish_profile, header, load, peak_rss};
@@ -36,6 +36,8 @@ pub struct ChatArgs {
     pub engine: EngineFlags,
     #[command(flatten)]
     pub sampling: SamplingFlags,
+    #[command(flatten)]
+    pub speculation: SpeculationFlags,
     #[command(flatten)]
     pub output: OutputFlags,
 }
@@ -119,9 +121,14 @@ fn read_input(lines: &mut impl BufRead) -> Result<Option<Input>> {
 /// Run `flatrun chat`.
 pub fn run(args: ChatArgs) -> Result<()> {
     let sampling = args.sampling.params()?;
+    let speculation = args.speculation.speculation()?;
     let mut loaded = load(&args.model, &args.engine, args.output.quiet)?;
     if !args.output.quiet {
         eprintln!("{}", header(&loaded));
+    }
+    args.speculation
+        .attach_draft(&mut loaded.model, &args.engine, args.output.quiet)?;
+    if !args.output.quiet {
         eprintln!("{HELP}");
     }
     let interrupt = Interrupt::install()?;
@@ -201,6 +208,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
             stop: args.sampling.stop.clone(),
             interrupt: Some(interrupt.flag()),
             progress: on_terminal(args.output.quiet),
+            speculation: speculation.clone(),
         };
         let result = generate(model, seq, new_tokens, request, |piece| {
             answer.push_str(piece);

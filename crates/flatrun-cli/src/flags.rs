@@ -1,11 +1,12 @@
 //! Flags shared by `run`, `chat`, `bench` and `serve`: how the model is
-//! loaded ([`EngineFlags`]), how tokens are chosen ([`SamplingFlags`]), and
-//! how chatty the command is ([`OutputFlags`]).
+//! loaded ([`EngineFlags`]), how tokens are chosen ([`SamplingFlags`]),
+//! speculative decoding ([`SpeculationFlags`]), and how chatty the command
+//! is ([`OutputFlags`]).
 
 use anyhow::{Context, Result, bail};
 use flatrun_runtime::{
-    BackendKind, KvType, LayerSelection, LoadOptions, Prefetch, Residency, SamplingParams,
-    StreamReads, WeightsMode,
+    BackendKind, KvType, LayerSelection, LoadOptions, Model, Prefetch, Residency, SamplingParams,
+    Speculation, StreamReads, WeightsMode,
 };
 use std::path::{Path, PathBuf};
 
@@ -91,6 +92,76 @@ pub struct SamplingFlags {
     /// Stop when the text contains this string (repeatable).
     #[arg(long, value_name = "TEXT")]
     pub stop: Vec<String>,
+}
+
+/// Speculative decoding: proposals checked several at a time by one pass.
+#[derive(Clone, Debug, Default, clap::Args)]
+pub struct SpeculationFlags {
+    /// Speculative decoding with this draft model (a smaller checkpoint with the same
+    /// tokenizer as --model), kept resident.
+    #[arg(long, value_name = "MODEL", conflicts_with = "lookup")]
+    pub draft: Option<PathBuf>,
+    /// Speculative decoding by prompt lookup: propose what followed the latest earlier
+    /// occurrence of the text's last tokens (no extra model or memory).
+    #[arg(long)]
+    pub lookup: bool,
+    /// Most tokens proposed per pass (the number adapts between 1 and this).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub draft_max: usize,
+    /// Always propose --draft-max tokens instead of adapting the number.
+    #[arg(long)]
+    pub draft_fixed: bool,
+}
+
+impl SpeculationFlags {
+    /// The runtime's settings, or `None` when neither `--draft` nor `--lookup` is given.
+    pub fn speculation(&self) -> Result<Option<Speculation>> {
+        if self.draft_max == 0 {
+            bail!("--draft-max must be at least 1");
+        }
+        let spec = if self.lookup {
+            Speculation::lookup(self.draft_max)
+        } else if self.draft.is_some() {
+            Speculation::draft(self.draft_max)
+        } else {
+            return Ok(None);
+        };
+        Ok(Some(Speculation {
+            adaptive: !self.draft_fixed,
+            ..spec
+        }))
+    }
+
+    /// Load the `--draft` model (resident, with the target's kernels and
+    /// threads) and attach it to `model`.
+    pub fn attach_draft(&self, model: &mut Model, engine: &EngineFlags, quiet: bool) -> Result<()> {
+        let Some(path) = &self.draft else {
+            return Ok(());
+        };
+        crate::loading::check_model_path(path)?;
+        let mut flags = engine.clone();
+        flags.residency = vec!["resident".into()];
+        flags.ctx = Some(model.executor().context_size());
+        flags.profile = false;
+        flags.profile_detailed = false;
+        flags.profile_save = None;
+        let options = flags.load_options(path)?;
+        let started = std::time::Instant::now();
+        let draft = Model::load(path, options)
+            .with_context(|| format!("loading the draft model {}", path.display()))?;
+        model
+            .set_draft(draft)
+            .with_context(|| format!("{} cannot draft for this model", path.display()))?;
+        if !quiet {
+            eprintln!(
+                "draft model: {} ({}, resident, {:.2} s)",
+                path.display(),
+                human_bytes(weight_bytes(path)),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// Verbosity.

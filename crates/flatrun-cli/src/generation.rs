@@ -8,7 +8,8 @@
 use crate::progress::Progress;
 use anyhow::Result;
 use flatrun_runtime::{
-    FinishReason, GenerateOptions, Model, SamplingParams, Sequence, StepOptions,
+    FinishReason, GenerateOptions, Model, SamplingParams, Sequence, Speculation, SpeculativeStats,
+    StepOptions,
 };
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,6 +34,56 @@ pub struct GenerationStats {
     pub decode_tok_s: f64,
     /// `length`, `eos`, `stop`, `context` or `interrupted`.
     pub finish_reason: String,
+    /// Speculative decoding's counts (with `--draft` or `--lookup`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeSummary>,
+}
+
+/// Proposals and acceptances of one generation.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpeculativeSummary {
+    /// Verification passes through the layers.
+    pub passes: usize,
+    pub proposed: usize,
+    pub accepted: usize,
+    /// Accepted ÷ proposed.
+    pub acceptance_rate: f64,
+    /// Tokens emitted per verification pass.
+    pub tokens_per_pass: f64,
+    /// Time the proposer took, seconds (the draft model's passes).
+    pub propose_seconds: f64,
+}
+
+impl SpeculativeSummary {
+    /// What happened between two readings of the profiler's counters.
+    pub fn between(before: &SpeculativeStats, after: &SpeculativeStats) -> SpeculativeSummary {
+        let delta = SpeculativeStats {
+            passes: after.passes - before.passes,
+            proposed: after.proposed - before.proposed,
+            accepted: after.accepted - before.accepted,
+            emitted: after.emitted - before.emitted,
+            propose_time: after.propose_time.saturating_sub(before.propose_time),
+        };
+        SpeculativeSummary {
+            passes: delta.passes,
+            proposed: delta.proposed,
+            accepted: delta.accepted,
+            acceptance_rate: delta.acceptance_rate(),
+            tokens_per_pass: delta.tokens_per_pass(),
+            propose_seconds: delta.propose_time.as_secs_f64(),
+        }
+    }
+
+    /// `speculative: … accepted …` for the end-of-run line.
+    pub fn line(&self) -> String {
+        format!(
+            "speculative: {} of {} proposals accepted ({:.1}%), {:.2} tokens per pass",
+            self.accepted,
+            self.proposed,
+            100.0 * self.acceptance_rate,
+            self.tokens_per_pass
+        )
+    }
 }
 
 impl GenerationStats {
@@ -43,8 +94,13 @@ impl GenerationStats {
         } else {
             String::new()
         };
+        let speculative = self
+            .speculative
+            .as_ref()
+            .map(|s| format!("; {}", s.line()))
+            .unwrap_or_default();
         format!(
-            "prompt {} tok{cached}, generated {} tok, prefill {:.1} tok/s, decode {:.1} tok/s, peak RSS {} ({})",
+            "prompt {} tok{cached}, generated {} tok, prefill {:.1} tok/s, decode {:.1} tok/s, peak RSS {} ({}){speculative}",
             self.prompt_tokens,
             self.generated_tokens,
             self.prefill_tok_s,
@@ -72,6 +128,8 @@ pub struct GenerationRequest<'a> {
     pub interrupt: Option<&'a AtomicBool>,
     /// Show a prefill progress bar (on a terminal, for long prompts).
     pub progress: bool,
+    /// Speculative decoding (`--lookup`, `--draft`).
+    pub speculation: Option<Speculation>,
 }
 
 /// Feed `prompt` on top of `seq`, then generate, calling `emit` with each
@@ -138,12 +196,16 @@ pub fn generate(
         return Ok((stats, seq));
     }
 
-    // The last chunk and the first sample, then one decode step per event.
+    // The last chunk and the first sample, then one decode step per event
+    // (or, speculating, one verification pass per few events).
+    let speculating = req.speculation.is_some();
+    let spec_before = model.profiler().speculative;
     let opts = GenerateOptions {
         sampling: req.sampling,
         max_new: req.max_new,
         stop: req.stop,
         stop_at_eos: true,
+        speculation: req.speculation,
     };
     let mut generation = model.generate_in(seq, prompt[fed..].to_vec(), opts)?;
     let mut prefill = Duration::ZERO;
@@ -179,6 +241,12 @@ pub fn generate(
             stats.finish_reason = "interrupted".into();
             break;
         }
+    }
+    if speculating {
+        stats.speculative = Some(SpeculativeSummary::between(
+            &spec_before,
+            &generation.model().profiler().speculative,
+        ));
     }
     let seq = generation.into_sequence();
     if let Some(e) = failure {

@@ -4,7 +4,7 @@
 //! With `--dump-logits` it hands over to the logits-dumping runner
 //! ([`crate::run`]), which the fidelity, `--weights` and `--layers` tests drive.
 
-use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, read_text_file};
+use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, SpeculationFlags, read_text_file};
 use crate::generation::{GenerationRequest, GenerationStats, generate};
 use crate::loading::{finish_profile, header, load, peak_rss};
 use crate::progress::on_terminal;
@@ -45,6 +45,8 @@ pub struct RunCommand {
     pub engine: EngineFlags,
     #[command(flatten)]
     pub sampling: SamplingFlags,
+    #[command(flatten)]
+    pub speculation: SpeculationFlags,
     #[command(flatten)]
     pub output: OutputFlags,
 }
@@ -114,12 +116,14 @@ pub fn run(cmd: RunCommand) -> Result<()> {
             path,
         });
     }
+    let speculation = cmd.speculation.speculation()?;
     let quiet = cmd.output.quiet || cmd.json;
     let mut loaded = load(&cmd.model, &cmd.engine, quiet)?;
     if !quiet {
         eprintln!("{}", header(&loaded));
     }
     let model = &mut loaded.model;
+    cmd.speculation.attach_draft(model, &cmd.engine, quiet)?;
 
     // Render the chat template when asked, then tokenize.
     let rendered = if chat {
@@ -144,6 +148,7 @@ pub fn run(cmd: RunCommand) -> Result<()> {
         stop: cmd.sampling.stop.clone(),
         interrupt: None,
         progress: on_terminal(quiet),
+        speculation,
     };
     let (stats, _) = generate(model, seq, prompt, request, |piece| {
         if json {

@@ -27,6 +27,7 @@
 //! assert_eq!(out, vec![16.0, 32.0]);
 //! ```
 
+mod call_order;
 mod check;
 mod decode;
 mod error;
@@ -41,6 +42,7 @@ use std::ops::Range;
 use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
+pub use call_order::with_one_token_order;
 pub use error::KernelError;
 pub use native::NativeKernels;
 pub use reference::ReferenceKernels;

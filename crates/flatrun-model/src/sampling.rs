@@ -25,11 +25,13 @@
 //! }
 //! ```
 
+mod distribution;
 mod finish;
 mod rng;
 mod stop;
 mod weights;
 
+pub use distribution::{Distribution, Verdict};
 pub use finish::FinishReason;
 pub use rng::Xoshiro256;
 pub use stop::{StopMatcher, StopResult};
@@ -116,14 +118,42 @@ impl Sampler {
     /// `history` is the sequence so far (prompt and generated ids).
     /// An empty `logits` returns 0.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        match self.prepare(logits, history) {
+            Prepared::Token(id) => id,
+            Prepared::Vocabulary { total } => {
+                let target = self.rng.next_f64() * total;
+                weights::draw(&self.weights, &self.block_sums, target)
+                    .map(|i| i as u32)
+                    .unwrap_or_else(|| argmax(logits))
+            }
+            Prepared::Candidates { total } => {
+                let mut target = self.rng.next_f64() * total;
+                for (c, &w) in self.candidates.iter().zip(&self.weights) {
+                    if target < w as f64 {
+                        return c.0;
+                    }
+                    target -= w as f64;
+                }
+                self.candidates
+                    .last()
+                    .map(|c| c.0)
+                    .unwrap_or_else(|| argmax(logits))
+            }
+        }
+    }
+
+    /// Steps 1–8 of [`Sampler::sample`] without the draw: the penalties,
+    /// then either a certain token or the unnormalized weights to draw from
+    /// (over the whole vocabulary in `weights`, or over `candidates`).
+    fn prepare(&mut self, logits: &mut [f32], history: &[u32]) -> Prepared {
         if logits.is_empty() {
-            return 0;
+            return Prepared::Token(0);
         }
         // 1. Penalties over the last `penalty_window` tokens.
         self.apply_penalties(logits, history);
         // 2. Greedy: the argmax (lowest id on ties).
         if self.params.temperature <= 0.0 {
-            return argmax(logits);
+            return Prepared::Token(argmax(logits));
         }
         // 3. The best logit, and a floor below which tokens cannot matter:
         //    relative probability under 1e-12 (at temperature ≥ 1), under
@@ -131,7 +161,7 @@ impl Sampler {
         let t = self.params.temperature;
         let max_logit = max_value(logits);
         if max_logit == f32::NEG_INFINITY || max_logit.is_nan() {
-            return argmax(logits);
+            return Prepared::Token(argmax(logits));
         }
         let mut floor = max_logit - NEGLIGIBLE_LOG_PROB * t.max(1.0);
         if self.params.min_p > 0.0 && self.params.min_p <= 1.0 {
@@ -160,12 +190,9 @@ impl Sampler {
                 &mut self.block_sums,
             );
             if !(total.is_finite() && total > 0.0) {
-                return argmax(logits);
+                return Prepared::Token(argmax(logits));
             }
-            let target = self.rng.next_f64() * total;
-            return weights::draw(&self.weights, &self.block_sums, target)
-                .map(|i| i as u32)
-                .unwrap_or_else(|| argmax(logits));
+            return Prepared::Vocabulary { total };
         }
         // 5. Top-p: the softmax mass (at temperature 1, over the tokens
         //    above the floor) the kept tokens must reach, and a floor that
@@ -216,24 +243,15 @@ impl Sampler {
             self.weights.push(w);
         }
         if !(total.is_finite() && total > 0.0) {
-            return self
-                .candidates
-                .iter()
-                .max_by(|a, b| a.1.total_cmp(&b.1))
-                .map(|c| c.0)
-                .unwrap_or_else(|| argmax(logits));
+            return Prepared::Token(
+                self.candidates
+                    .iter()
+                    .max_by(|a, b| a.1.total_cmp(&b.1))
+                    .map(|c| c.0)
+                    .unwrap_or_else(|| argmax(logits)),
+            );
         }
-        let mut target = self.rng.next_f64() * total;
-        for (c, &w) in self.candidates.iter().zip(&self.weights) {
-            if target < w as f64 {
-                return c.0;
-            }
-            target -= w as f64;
-        }
-        self.candidates
-            .last()
-            .map(|c| c.0)
-            .unwrap_or_else(|| argmax(logits))
+        Prepared::Candidates { total }
     }
 
     /// Repetition, presence and frequency penalties, llama.cpp style.
@@ -263,6 +281,16 @@ impl Sampler {
             *logit -= count as f32 * p.frequency_penalty + p.presence_penalty;
         }
     }
+}
+
+/// What [`Sampler::prepare`] leaves to draw from.
+enum Prepared {
+    /// No choice: greedy, or nothing finite to weigh.
+    Token(u32),
+    /// `Sampler::weights` over the whole vocabulary (with `block_sums`).
+    Vocabulary { total: f64 },
+    /// `Sampler::weights` over `Sampler::candidates`.
+    Candidates { total: f64 },
 }
 
 /// Natural log of the relative probability (1e-12) below which a token is ignored.

@@ -46,6 +46,10 @@ pub enum RuntimeError {
     /// A checkpoint side file (`config.json`) is unreadable.
     #[error("{path}: {what}")]
     Config { path: PathBuf, what: String },
+    /// A draft model that cannot propose for this target: its tokenizer
+    /// differs, or none is attached.
+    #[error("draft model: {0}")]
+    Draft(String),
     /// A bad option value (`--residency cap=…`).
     #[error("invalid option {option}: {what}")]
     Option { option: &'static str, what: String },

@@ -88,6 +88,38 @@ impl Sequence {
             self.recurrent.mark_stale();
         }
     }
+
+    /// Whether dropping tokens costs a replay (a hybrid model's recurrent
+    /// state cannot be rewound by truncation alone).
+    pub(crate) fn has_recurrent_state(&self) -> bool {
+        self.recurrent.is_used()
+    }
+
+    /// A point to come back to with [`Sequence::rollback`]: the length, and
+    /// a copy of the recurrent state (hybrid models only; a few hundred KiB).
+    pub(crate) fn checkpoint(&self) -> SequenceCheckpoint {
+        SequenceCheckpoint {
+            len: self.tokens.len(),
+            recurrent: self.recurrent.is_used().then(|| self.recurrent.clone()),
+        }
+    }
+
+    /// Back to `point`: later tokens and their KV dropped, the recurrent
+    /// state as it was then (no replay needed).
+    pub(crate) fn rollback(&mut self, point: SequenceCheckpoint) {
+        self.tokens.truncate(point.len);
+        self.kv.truncate(point.len);
+        if let Some(state) = point.recurrent {
+            self.recurrent = state;
+        }
+    }
+}
+
+/// A saved point of a [`Sequence`] (see [`Sequence::checkpoint`]).
+#[derive(Debug)]
+pub(crate) struct SequenceCheckpoint {
+    len: usize,
+    recurrent: Option<RecurrentState>,
 }
 
 /// What a step returns besides the last position's logits.
@@ -481,6 +513,30 @@ impl StreamingExecutor {
         batch: &mut [(&mut Sequence, &[u32])],
         opts: StepOptions,
     ) -> Result<Vec<StepOutput>> {
+        self.run_step(batch, opts, true)
+    }
+
+    /// [`StreamingExecutor::step_batch`] for a speculative verification
+    /// pass: every position gets the logits a one-token step would give it
+    /// (the kernels sum in the one-token order,
+    /// [`flatrun_kernels::with_one_token_order`]), so verification accepts
+    /// exactly what plain decoding would produce; and the pass is not counted
+    /// as prefill or decode in the profiler (the caller counts the tokens it
+    /// keeps, with [`Profiler::add_decode`]).
+    pub fn step_batch_verify(
+        &mut self,
+        batch: &mut [(&mut Sequence, &[u32])],
+        opts: StepOptions,
+    ) -> Result<Vec<StepOutput>> {
+        flatrun_kernels::with_one_token_order(|| self.run_step(batch, opts, false))
+    }
+
+    fn run_step(
+        &mut self,
+        batch: &mut [(&mut Sequence, &[u32])],
+        opts: StepOptions,
+        timed: bool,
+    ) -> Result<Vec<StepOutput>> {
         let vocab = self.vocab_size();
         for (seq, tokens) in batch.iter() {
             if tokens.is_empty() {
@@ -539,7 +595,9 @@ impl StreamingExecutor {
             }
         }
         let elapsed = started.elapsed();
-        if is_decode {
+        if !timed {
+            // Counted by the caller.
+        } else if is_decode {
             self.profiler.add_decode(n_total, elapsed);
         } else {
             self.profiler.add_prefill(n_total, elapsed);

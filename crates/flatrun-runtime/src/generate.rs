@@ -3,7 +3,15 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions};
 use crate::model::Model;
-use flatrun_model::sampling::{FinishReason, Sampler, SamplingParams, StopMatcher};
+use crate::speculative::draft::DraftState;
+use crate::speculative::{
+    DraftLength, DraftProposer, PromptLookup, Proposal, Proposer, ProposerKind, Speculation,
+};
+use flatrun_model::sampling::{
+    Distribution, FinishReason, Sampler, SamplingParams, StopMatcher, Verdict,
+};
+use std::collections::VecDeque;
+use std::time::Instant;
 
 /// What to generate from.
 #[derive(Clone, Debug)]
@@ -46,6 +54,8 @@ pub struct GenerateOptions {
     pub stop: Vec<String>,
     /// Stop at the tokenizer's end-of-generation ids.
     pub stop_at_eos: bool,
+    /// Speculative decoding (`None`: one token per pass).
+    pub speculation: Option<Speculation>,
 }
 
 impl GenerateOptions {
@@ -56,6 +66,7 @@ impl GenerateOptions {
             max_new,
             stop: Vec::new(),
             stop_at_eos: true,
+            speculation: None,
         }
     }
 }
@@ -91,6 +102,24 @@ pub struct Generation<'m> {
     sampler: Sampler,
     stops: StopMatcher,
     finished: bool,
+    /// Speculative decoding's state, when it is on.
+    speculative: Option<SpeculativeRun>,
+    /// Tokens decided by a verification pass and not yet emitted.
+    ready: VecDeque<u32>,
+    /// The sequence position of `ready`'s first token.
+    ready_position: usize,
+}
+
+/// What speculative decoding keeps across the passes of one generation.
+struct SpeculativeRun {
+    length: DraftLength,
+    proposer: ActiveProposer,
+}
+
+enum ActiveProposer {
+    Lookup(PromptLookup),
+    /// The model's attached draft model, with this generation's draft sequence.
+    Draft(Box<DraftState>),
 }
 
 impl<'m> Generation<'m> {
@@ -105,6 +134,29 @@ impl<'m> Generation<'m> {
         }
         let sampler = Sampler::new(opts.sampling.clone());
         let stops = StopMatcher::new(opts.stop.iter().cloned());
+        let speculative = match &opts.speculation {
+            None => None,
+            Some(spec) => {
+                let proposer = match spec.proposer {
+                    ProposerKind::Lookup {
+                        ngram_max,
+                        ngram_min,
+                    } => ActiveProposer::Lookup(PromptLookup::new(ngram_max, ngram_min)),
+                    ProposerKind::Draft => {
+                        let draft = model.draft.as_deref().ok_or_else(|| {
+                            RuntimeError::Draft(
+                                "speculation with a draft model, but none is attached".into(),
+                            )
+                        })?;
+                        ActiveProposer::Draft(Box::new(DraftState::new(draft, &opts.sampling)))
+                    }
+                };
+                Some(SpeculativeRun {
+                    length: DraftLength::new(spec),
+                    proposer,
+                })
+            }
+        };
         Ok(Generation {
             model,
             seq,
@@ -115,6 +167,9 @@ impl<'m> Generation<'m> {
             sampler,
             stops,
             finished: false,
+            speculative,
+            ready: VecDeque::new(),
+            ready_position: 0,
         })
     }
 
@@ -138,6 +193,14 @@ impl<'m> Generation<'m> {
         if self.finished {
             return Ok(None);
         }
+        if self.ready.is_empty() && self.speculative.is_some() && self.pending.len() == 1 {
+            self.speculative_step()?;
+        }
+        if let Some(id) = self.ready.pop_front() {
+            let position = self.ready_position;
+            self.ready_position += 1;
+            return self.emit(id, Some(position)).map(Some);
+        }
         if self.seq.len() + self.pending.len() > self.seq.capacity() {
             self.finished = true;
             return Ok(Some(TokenEvent {
@@ -158,9 +221,155 @@ impl<'m> Generation<'m> {
             .executor
             .profiler
             .record_other("sampling", t0.elapsed());
-        self.generated += 1;
         self.pending = vec![id];
+        self.emit(id, None).map(Some)
+    }
 
+    /// One speculative pass: propose, verify the pending token and the
+    /// proposals in one pass of the target, keep the accepted prefix and
+    /// the target's own next token in `ready`. Leaves `ready` empty (and
+    /// the ordinary path to run) when nothing is proposed.
+    fn speculative_step(&mut self) -> Result<()> {
+        let Some(run) = self.speculative.as_mut() else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let before = self.seq.len();
+        // Room for the proposals: the tokens still wanted after the one the
+        // pass produces anyway, and the context left after the pending token.
+        let wanted = self.opts.max_new.saturating_sub(self.generated + 1);
+        let room = self.seq.capacity().saturating_sub(before + 1);
+        let k = run.length.get().min(wanted).min(room);
+        if k == 0 {
+            return Ok(());
+        }
+        let mut context = Vec::with_capacity(before + 1);
+        context.extend_from_slice(self.seq.tokens());
+        context.extend_from_slice(&self.pending);
+        let mut proposal = match &mut run.proposer {
+            ActiveProposer::Lookup(lookup) => lookup.propose(&context, k)?,
+            ActiveProposer::Draft(state) => {
+                let draft =
+                    self.model.draft.as_deref_mut().ok_or_else(|| {
+                        RuntimeError::Draft("the draft model was detached".into())
+                    })?;
+                DraftProposer::new(draft, state).propose(&context, k)?
+            }
+        };
+        let propose_time = started.elapsed();
+        // A draft with a larger embedding table could name ids the target has not.
+        let vocab = self.model.executor.vocab_size();
+        let valid = proposal
+            .tokens
+            .iter()
+            .take(k)
+            .take_while(|&&t| (t as usize) < vocab)
+            .count();
+        proposal.tokens.truncate(valid);
+        if proposal.tokens.is_empty() {
+            return Ok(());
+        }
+        let Proposal { tokens, drafts } = proposal;
+        let k = tokens.len();
+
+        // Verify: the pending token and every proposal in one pass.
+        let checkpoint = self
+            .seq
+            .has_recurrent_state()
+            .then(|| self.seq.checkpoint());
+        let mut feed = std::mem::take(&mut self.pending);
+        feed.extend_from_slice(&tokens);
+        let opts = StepOptions {
+            all_logits: true,
+            ..StepOptions::default()
+        };
+        let mut outputs = self
+            .model
+            .executor
+            .step_batch_verify(&mut [(&mut self.seq, &feed[..])], opts)?;
+        let mut all = outputs
+            .pop()
+            .and_then(|o| o.all_logits)
+            .ok_or(RuntimeError::EmptyStep)?;
+        let t0 = Instant::now();
+        let greedy = self.opts.sampling.temperature <= 0.0;
+        let mut accepted = 0;
+        let mut next = None;
+        for (i, logits) in all.chunks_exact_mut(vocab).enumerate().take(k + 1) {
+            let history = &self.seq.tokens()[..before + 1 + i];
+            if i == k {
+                next = Some(self.sampler.sample(logits, history));
+                break;
+            }
+            let proposed = tokens[i];
+            let verdict = if greedy {
+                let own = self.sampler.sample(logits, history);
+                if own == proposed {
+                    Verdict::Accept
+                } else {
+                    Verdict::Replace(own)
+                }
+            } else {
+                let target = self.sampler.distribution(logits, history);
+                let certain = Distribution::Certain(proposed);
+                let draft = drafts.as_ref().and_then(|d| d.get(i)).unwrap_or(&certain);
+                self.sampler.verify(&target, draft, proposed)
+            };
+            match verdict {
+                Verdict::Accept => accepted += 1,
+                Verdict::Replace(own) => {
+                    next = Some(own);
+                    break;
+                }
+            }
+        }
+        let next = next.ok_or(RuntimeError::EmptyStep)?;
+        self.model
+            .executor
+            .profiler
+            .record_other("sampling", t0.elapsed());
+
+        // Drop the rejected proposals. A recurrent state has absorbed them,
+        // so it goes back to its checkpoint and takes the kept tokens again.
+        if accepted < k {
+            match checkpoint {
+                Some(point) => {
+                    self.seq.rollback(point);
+                    let kept = &feed[..1 + accepted];
+                    self.model
+                        .executor
+                        .step_batch_verify(&mut [(&mut self.seq, kept)], StepOptions::default())?;
+                }
+                None => self.seq.truncate(before + 1 + accepted),
+            }
+        }
+        run.length.update(k, accepted);
+        let stats = &mut self.model.executor.profiler.speculative;
+        stats.passes += 1;
+        stats.proposed += k;
+        stats.accepted += accepted;
+        stats.emitted += accepted + 1;
+        stats.propose_time += propose_time;
+        self.model
+            .executor
+            .profiler
+            .add_decode(accepted + 1, started.elapsed());
+
+        self.ready.extend(&tokens[..accepted]);
+        self.ready.push_back(next);
+        self.ready_position = before + 1;
+        self.pending = vec![next];
+        Ok(())
+    }
+
+    /// Turn a chosen token into its event: text (held back while UTF-8 or a
+    /// stop string is incomplete) and the finish reason. `fed` is the
+    /// token's position when a verification pass already fed it; a
+    /// generation that finishes there drops it and what follows from the
+    /// sequence, so the sequence ends before its last token as it does
+    /// without speculation.
+    fn emit(&mut self, id: u32, fed: Option<usize>) -> Result<TokenEvent> {
+        self.generated += 1;
         let tok = self.model.tokenizer()?;
         let is_eos = self.opts.stop_at_eos && tok.stop_ids().contains(&id);
         let mut finish = if is_eos {
@@ -198,8 +407,12 @@ impl<'m> Generation<'m> {
         }
         if finish.is_some() {
             self.finished = true;
+            self.ready.clear();
+            if let Some(position) = fed {
+                self.seq.truncate(position);
+            }
         }
-        Ok(Some(TokenEvent { id, text, finish }))
+        Ok(TokenEvent { id, text, finish })
     }
 }
 

@@ -41,6 +41,7 @@ mod options;
 mod profiler;
 mod recurrent_state;
 mod residency;
+mod speculative;
 mod weights;
 mod weights_override;
 
@@ -50,6 +51,7 @@ pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{Model, Session};
 pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
+pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
 pub use kv_cache::{KvCache, LayerKvCache};

@@ -24,6 +24,8 @@ pub struct Model {
     pub(crate) executor: StreamingExecutor,
     pub(crate) tokenizer: std::result::Result<Tokenizer, String>,
     template: std::result::Result<ChatTemplate, String>,
+    /// A smaller model with the same vocabulary, for speculative decoding.
+    pub(crate) draft: Option<Box<Model>>,
 }
 
 impl Model {
@@ -56,7 +58,28 @@ impl Model {
             executor,
             tokenizer,
             template,
+            draft: None,
         })
+    }
+
+    /// Attach `draft` as this model's draft model for speculative decoding
+    /// ([`crate::Speculation::draft`]). It must share this model's tokenizer
+    /// (the same bytes for every id), or this fails with
+    /// [`RuntimeError::Draft`].
+    pub fn set_draft(&mut self, draft: Model) -> Result<()> {
+        crate::speculative::check_same_vocabulary(self.tokenizer()?, draft.tokenizer()?)?;
+        self.draft = Some(Box::new(draft));
+        Ok(())
+    }
+
+    /// The attached draft model.
+    pub fn draft(&self) -> Option<&Model> {
+        self.draft.as_deref()
+    }
+
+    /// Detach and return the draft model.
+    pub fn take_draft(&mut self) -> Option<Model> {
+        self.draft.take().map(|d| *d)
     }
 
     /// The checkpoint path.

@@ -3,6 +3,7 @@
 //! and a Chrome-trace JSON export that opens in Perfetto (`ui.perfetto.dev`).
 
 use crate::memory::{self, RssSample};
+use crate::speculative::SpeculativeStats;
 use flatrun_model::arch::{Op, OpObserver};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -59,6 +60,8 @@ pub struct Profiler {
     pub memory: Vec<MemorySample>,
     /// Largest RSS total seen in a sample.
     pub peak_rss: RssSample,
+    /// Proposals, acceptances and passes of speculative decoding.
+    pub speculative: SpeculativeStats,
 }
 
 impl Profiler {
@@ -76,6 +79,7 @@ impl Profiler {
             decode_time: Duration::ZERO,
             memory: Vec::new(),
             peak_rss: RssSample::default(),
+            speculative: SpeculativeStats::default(),
         }
     }
 
@@ -214,6 +218,19 @@ impl Profiler {
             self.decode_time.as_secs_f64(),
             self.decode_tok_s()
         );
+        let spec = &self.speculative;
+        if spec.passes > 0 {
+            let _ = writeln!(
+                s,
+                "speculative: {} proposed, {} accepted ({:.1}%), {:.2} tokens per pass over {} passes, {:.3} s proposing",
+                spec.proposed,
+                spec.accepted,
+                100.0 * spec.acceptance_rate(),
+                spec.tokens_per_pass(),
+                spec.passes,
+                spec.propose_time.as_secs_f64()
+            );
+        }
         let total = (self.prefill_time + self.decode_time)
             .as_secs_f64()
             .max(1e-9);

@@ -26,6 +26,9 @@ pub(crate) struct Dispatch {
     /// `q8k` for calls of [`WIDE_CALL_TOKENS`] tokens or more, in the float order ggml uses
     /// for them (its tiled K-quant matmul); the same function where no such order is kept.
     pub q8k_wide: Q8KRows,
+    /// `q8k` in the one-token order for every tile (speculative verification, see
+    /// `call_order`); the same function where every tile already keeps it.
+    pub q8k_one: Q8KRows,
     pub f32: F32Rows,
     /// The widest token tile `q8` takes: 4, or 8 where it has 8-token kernels (x86). Tiles
     /// are 1..=4 tokens or exactly this many.
@@ -68,6 +71,7 @@ impl Dispatch {
             q8: scalar::rows_q8,
             q8k: scalar::rows_q8k,
             q8k_wide: scalar::rows_q8k,
+            q8k_one: scalar::rows_q8k,
             f32: scalar::rows_f32,
             q8_tile: 4,
         };
@@ -77,6 +81,7 @@ impl Dispatch {
                 q8: super::x86::avx2::rows_q8,
                 q8k: super::x86::avx2::rows_q8k,
                 q8k_wide: super::x86::avx2::rows_q8k_wide,
+                q8k_one: super::x86::avx2::rows_q8k_one_token,
                 f32: super::x86::avx2::rows_f32,
                 q8_tile: 8,
             },
@@ -85,6 +90,7 @@ impl Dispatch {
                 q8: super::x86::avx512::rows_q8,
                 q8k: super::x86::avx512::rows_q8k,
                 q8k_wide: super::x86::avx512::rows_q8k_wide,
+                q8k_one: super::x86::avx512::rows_q8k_one_token,
                 f32: super::x86::avx512::rows_f32,
                 q8_tile: 8,
             },
@@ -93,6 +99,7 @@ impl Dispatch {
                 q8: super::x86::vnni::rows_q8,
                 q8k: super::x86::vnni::rows_q8k,
                 q8k_wide: super::x86::vnni::rows_q8k_wide,
+                q8k_one: super::x86::vnni::rows_q8k_one_token,
                 f32: super::x86::vnni::rows_f32,
                 q8_tile: 8,
             },
@@ -101,6 +108,7 @@ impl Dispatch {
                 q8: super::arm::neon::rows_q8,
                 q8k: super::arm::neon::rows_q8k,
                 q8k_wide: super::arm::neon::rows_q8k,
+                q8k_one: super::arm::neon::rows_q8k,
                 f32: super::arm::neon::rows_f32,
                 q8_tile: 4,
             },
@@ -109,6 +117,7 @@ impl Dispatch {
                 q8: super::arm::dotprod::rows_q8,
                 q8k: super::arm::dotprod::rows_q8k,
                 q8k_wide: super::arm::dotprod::rows_q8k,
+                q8k_one: super::arm::dotprod::rows_q8k,
                 f32: super::arm::dotprod::rows_f32,
                 q8_tile: 4,
             },

@@ -191,7 +191,9 @@ impl NativeKernels {
     /// The Q8_K kernel for a call of `n_tokens` tokens (ggml sums wide calls in
     /// another float order: its tiled K-quant kernels).
     fn q8k_kernel(&self, n_tokens: usize) -> dispatch::Q8KRows {
-        if n_tokens >= dispatch::WIDE_CALL_TOKENS {
+        if n_tokens > 1 && crate::call_order::order_tokens(n_tokens) == 1 {
+            self.dispatch.q8k_one
+        } else if n_tokens >= dispatch::WIDE_CALL_TOKENS {
             self.dispatch.q8k_wide
         } else {
             self.dispatch.q8k

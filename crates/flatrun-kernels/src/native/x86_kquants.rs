@@ -1388,6 +1388,25 @@ macro_rules! kquant_kernels {
             rows_q8k_order::<true>(t, rows, rb, acts, out)
         }
 
+        /// The same in the one-token order whatever the tile (see `call_order`): each
+        /// output has the bits a one-token call gives it. Only Q4_K differs from
+        /// `rows_q8k`: its full tiles of 4 tokens follow ggml's repacked GEMM order there,
+        /// and go through pairs of tokens (the repacked GEMV order) here.
+        pub(crate) fn rows_q8k_one_token(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            if t != GgmlType::Q4_K || acts.len() != 4 || !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
+                return rows_q8k_order::<false>(t, rows, rb, acts, out);
+            }
+            // SAFETY: the caller (dispatch) checked the host supports this module's
+            // features, and `checked` verified every slice the kernels index.
+            unsafe {
+                for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(4)) {
+                    let (first, second) = o.split_at_mut(2);
+                    q4_k_n::<2>(row, &acts[..2], first);
+                    q4_k_n::<2>(row, &acts[2..], second);
+                }
+            }
+        }
+
         fn rows_q8k_order<const WIDE: bool>(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
             if !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
                 return super::super::dispatch::each_row(super::super::scalar::dot_q8k, t, rows, rb, acts, out);

@@ -440,7 +440,7 @@ pub fn attention(
     q_rounded.clear();
     k.round_into(&q[..n_tasks * hd], &mut q_rounded);
     let q = &q_rounded[..];
-    let order = if n_q > 1 {
+    let order = if crate::call_order::order_tokens(n_q) > 1 {
         SumOrder::Batch
     } else {
         SumOrder::Single
