@@ -1,8 +1,8 @@
 //! The `flatrun` command.
 //!
 //! `flatrun --model M --prompt "..."` (the same as `flatrun run ...`)
-//! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize` and
-//! `serve` are the other commands. Every error is printed as one or two
+//! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize`,
+//! `serve`, `perplexity` and `quantize` are the other commands. Every error is printed as one or two
 //! lines (cause, then a hint) with exit code 1; clap reports bad flags with
 //! exit code 2.
 
