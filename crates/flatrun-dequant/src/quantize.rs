@@ -395,7 +395,7 @@ fn quantize_iq4_nl_block(x: &[f32], ntry: i32, l: &mut [u8; 32]) -> BlockIq4Nl {
 }
 
 impl BlockQuantizer for BlockIq4Nl {
-    /// `quantize_row_iq4_nl_ref` on one block (see [`quantize_iq4_nl_block`]).
+    /// `quantize_row_iq4_nl_ref` on one block.
     fn quantize_block(x: &[f32]) -> Self {
         quantize_iq4_nl_block(x, -1, &mut [0; 32])
     }
