@@ -1,8 +1,8 @@
 //! The `flatrun` command.
 //!
 //! `flatrun --model M --prompt "..."` (the same as `flatrun run ...`)
-//! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize` and
-//! `serve` are the other commands. Every error is printed as one or two
+//! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize`,
+//! `serve`, `perplexity` and `quantize` are the other commands. Every error is printed as one or two
 //! lines (cause, then a hint) with exit code 1; clap reports bad flags with
 //! exit code 2.
 
@@ -18,8 +18,12 @@ mod inspect_plan;
 mod inspect_tensor;
 mod interrupt;
 mod loading;
+mod perplexity;
+mod perplexity_stats;
 mod profile_table;
 mod progress;
+mod quantize;
+mod quantize_rules;
 mod run;
 mod run_cmd;
 mod serve;
@@ -49,6 +53,10 @@ enum Command {
     Tokenize(tokenize::TokenizeArgs),
     /// Serve OpenAI- and Anthropic-compatible HTTP endpoints.
     Serve(serve::ServeCommand),
+    /// Perplexity of a text (llama-perplexity's method), or KL divergence against a base model.
+    Perplexity(perplexity::PerplexityArgs),
+    /// Write a GGUF again with the tensor types of a quantization mix (Q4_K_M, Q8_0, ...).
+    Quantize(quantize::QuantizeArgs),
 }
 
 /// The sampling flags given explicitly on the command line of `serve`.
@@ -70,6 +78,8 @@ fn dispatch(cli: Cli, explicit: &[&str]) -> Result<()> {
         Command::Inspect(args) => inspect::run(&args),
         Command::Tokenize(args) => tokenize::run(&args),
         Command::Serve(args) => serve::run(args, explicit),
+        Command::Perplexity(args) => perplexity::run(args),
+        Command::Quantize(args) => quantize::run(&args),
     }
 }
 
@@ -87,8 +97,9 @@ fn with_default_command(mut args: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsSt
 }
 
 fn main() -> std::process::ExitCode {
-    let matches =
-        Cli::command().get_matches_from(with_default_command(std::env::args_os().collect()));
+    let args = with_default_command(std::env::args_os().collect());
+    let verbose = args.iter().any(|a| a == "-v" || a == "--verbose");
+    let matches = Cli::command().get_matches_from(args);
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
@@ -104,7 +115,9 @@ fn main() -> std::process::ExitCode {
                 return std::process::ExitCode::SUCCESS;
             }
             eprintln!("error: {}", one_or_two_lines(&e));
-            if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+            // A backtrace is for panics; an error gets one only when asked
+            // for twice (RUST_BACKTRACE and -v), never just from the shell.
+            if verbose && e.backtrace().status() == std::backtrace::BacktraceStatus::Captured {
                 eprintln!("{}", e.backtrace());
             }
             std::process::ExitCode::FAILURE

@@ -59,6 +59,14 @@ impl Progress {
         }
     }
 
+    /// Run `f` (which prints) with the bar hidden, so the two do not mix.
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.0 {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+
     /// Remove the bar from the terminal.
     pub fn finish(&self) {
         if let Some(bar) = &self.0 {

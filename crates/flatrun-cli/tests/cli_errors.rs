@@ -357,3 +357,17 @@ fn unknown_quant_type_is_named_with_its_tensor() {
     );
     assert!(err.lines().count() <= 2, "no backtrace expected:\n{err}");
 }
+
+#[test]
+fn rust_backtrace_in_the_environment_adds_no_backtrace_to_an_error() {
+    let out = flatrun()
+        .env("RUST_BACKTRACE", "1")
+        .args(["--model", "/nonexistent/model.gguf", "--prompt", "hi"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr_of(&out);
+    assert!(err.starts_with("error: model not found"), "{err}");
+    assert!(err.trim_end().lines().count() <= 2, "{err}");
+    assert!(!err.contains("backtrace") && !err.contains("at "), "{err}");
+}

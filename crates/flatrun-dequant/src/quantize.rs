@@ -1,7 +1,8 @@
 //! Reference quantizers, byte for byte equal to ggml's `quantize_row_*_ref`:
 //! the activation formats Q8_0, Q8_1 and Q8_K that the matmul kernels need,
 //! and the weight formats Q4_0, Q4_1, Q5_0, Q5_1, Q1_0, Q2_0, MXFP4, TQ1_0 and
-//! TQ2_0 (and, in [`crate::quantize_k`], Q4_K, Q5_K and Q6_K).
+//! TQ2_0, IQ4_NL (without an importance matrix), and, in
+//! [`crate::quantize_k`], Q2_K, Q3_K, Q4_K, Q5_K and Q6_K.
 //!
 //! Rounding follows ggml exactly: `roundf` (half away from zero) for the
 //! 8-bit formats, truncation after adding 0.5 / 8.5 / 16.5 for the 4- and 5-bit
@@ -13,7 +14,7 @@ use half::f16;
 use crate::blocks::fp4::e8m0_to_f32_half;
 use crate::blocks::*;
 use crate::error::{DequantError, Result};
-use crate::iq_grids::KVALUES_FP4;
+use crate::iq_grids::{KVALUES_FP4, KVALUES_IQ4NL};
 
 /// A block format with a reference quantizer.
 pub trait BlockQuantizer: BlockFormat {
@@ -302,6 +303,128 @@ impl BlockQuantizer for BlockMxfp4 {
     }
 }
 
+/// ggml's `best_index_int8`: the index of the table value nearest to `x`
+/// (the lower one on ties), by bisection of the sorted table.
+fn best_index_int8(values: &[i8; 16], x: f32) -> usize {
+    if x <= values[0] as f32 {
+        return 0;
+    }
+    if x >= values[15] as f32 {
+        return 15;
+    }
+    let (mut ml, mut mu) = (0usize, 15usize);
+    while mu - ml > 1 {
+        let mid = (ml + mu) / 2;
+        if x < values[mid] as f32 {
+            mu = mid;
+        } else {
+            ml = mid;
+        }
+    }
+    if x - (values[mu - 1] as f32) < values[mu] as f32 - x {
+        mu - 1
+    } else {
+        mu
+    }
+}
+
+/// ggml's `quantize_row_iq4_nl_impl` for one block of 32 without an
+/// importance matrix (weights x²). With `ntry > 0` (what `llama-quantize`
+/// uses, 7) the scale is refined over `2*ntry + 1` trial scales around
+/// `max / values[0]` and the weights requantized with the best; with
+/// `ntry <= 0` (`quantize_row_iq4_nl_ref`, −1) one least-squares fit of the
+/// first guess is kept. `l` is ggml's index buffer, kept from block to
+/// block: an all-zero block gets scale 0 and the previous block's indices.
+fn quantize_iq4_nl_block(x: &[f32], ntry: i32, l: &mut [u8; 32]) -> BlockIq4Nl {
+    let x = &x[..32];
+    let values = &KVALUES_IQ4NL;
+    let v0 = values[0] as f32;
+    let mut block = BlockIq4Nl {
+        d: f16::from_f32(0.0),
+        qs: [0; 16],
+    };
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < 1e-15 {
+        for j in 0..16 {
+            block.qs[j] = l[j] | (l[16 + j] << 4);
+        }
+        return block;
+    }
+    // Σ w·q·x and Σ w·q² at inverse scale `id`, the indices into `l`.
+    let fit = |id: f32, l: &mut [u8; 32]| {
+        let (mut sumqx, mut sumq2) = (0.0f32, 0.0f32);
+        for (lj, &v) in l.iter_mut().zip(x) {
+            let idx = best_index_int8(values, id * v);
+            *lj = idx as u8;
+            let q = values[idx] as f32;
+            let w = v * v;
+            sumqx += w * q * v;
+            sumq2 += w * q * q;
+        }
+        (sumqx, sumq2)
+    };
+    let d0 = if ntry > 0 { -max / v0 } else { max / v0 };
+    let (sumqx, sumq2) = fit(1.0 / d0, l);
+    let mut d = if sumq2 > 0.0 { sumqx / sumq2 } else { 0.0 };
+    let mut best = d * sumqx;
+    let mut trial = [0u8; 32];
+    for itry in -ntry..=ntry {
+        let (sumqx, sumq2) = fit((itry as f32 + v0) / max, &mut trial);
+        if sumq2 > 0.0 && sumqx * sumqx > best * sumq2 {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    block.d = f16::from_f32(d);
+    if ntry > 0 {
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        for (lj, &v) in l.iter_mut().zip(x) {
+            *lj = best_index_int8(values, id * v) as u8;
+        }
+    }
+    for j in 0..16 {
+        block.qs[j] = l[j] | (l[16 + j] << 4);
+    }
+    block
+}
+
+impl BlockQuantizer for BlockIq4Nl {
+    /// `quantize_row_iq4_nl_ref` on one block.
+    fn quantize_block(x: &[f32]) -> Self {
+        quantize_iq4_nl_block(x, -1, &mut [0; 32])
+    }
+}
+
+/// IQ4_NL blocks of `src` into `dst`, ggml's index buffer carried across them.
+fn quantize_iq4_nl(src: &[f32], dst: &mut [u8], ntry: i32) -> Result<()> {
+    let (elems, bytes) = (BlockIq4Nl::BLOCK_ELEMS, BlockIq4Nl::BLOCK_BYTES);
+    if !src.len().is_multiple_of(elems) {
+        return Err(DequantError::PartialBlockElements {
+            ty: GgmlType::IQ4_NL,
+            elems: src.len(),
+            block_elems: elems,
+        });
+    }
+    if dst.len() != src.len() / elems * bytes {
+        return Err(DequantError::OutputSize {
+            what: format!("IQ4_NL bytes for {} values", src.len()),
+            expected: src.len() / elems * bytes,
+            got: dst.len(),
+        });
+    }
+    let mut l = [0u8; 32];
+    for (raw, x) in dst.chunks_exact_mut(bytes).zip(src.chunks_exact(elems)) {
+        raw.copy_from_slice(bytemuck::bytes_of(&quantize_iq4_nl_block(x, ntry, &mut l)));
+    }
+    Ok(())
+}
+
 /// Ternary digit of `v * id`: 0, 1 or 2 for −1, 0, 1 (`lroundf` + 1).
 fn trit(v: f32, id: f32) -> u8 {
     ((v * id).round() as i32 + 1) as u8
@@ -438,9 +561,12 @@ pub const QUANTIZABLE: &[GgmlType] = &[
     GgmlType::MXFP4,
     GgmlType::TQ1_0,
     GgmlType::TQ2_0,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::IQ4_NL,
 ];
 
 /// Quantize `src` to `ty` into `dst` (exactly the encoded size), as ggml's
@@ -460,12 +586,26 @@ pub fn quantize(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
         GgmlType::MXFP4 => quantize_bytes::<BlockMxfp4>(src, dst),
         GgmlType::TQ1_0 => quantize_bytes::<BlockTq1_0>(src, dst),
         GgmlType::TQ2_0 => quantize_bytes::<BlockTq2_0>(src, dst),
+        GgmlType::Q2_K => quantize_bytes::<BlockQ2K>(src, dst),
+        GgmlType::Q3_K => quantize_bytes::<BlockQ3K>(src, dst),
         GgmlType::Q4_K => quantize_bytes::<BlockQ4K>(src, dst),
         GgmlType::Q5_K => quantize_bytes::<BlockQ5K>(src, dst),
         GgmlType::Q6_K => quantize_bytes::<BlockQ6K>(src, dst),
+        GgmlType::IQ4_NL => quantize_iq4_nl(src, dst, -1),
         other => Err(DequantError::Unsupported(format!(
             "{other} (no reference quantizer)"
         ))),
+    }
+}
+
+/// Quantize `src` (whole rows) to `ty` as `ggml_quantize_chunk` does
+/// without an importance matrix, which is what `llama-quantize` writes: the
+/// same as [`quantize`] except IQ4_NL, whose scale search runs 7 trials
+/// each way instead of the reference's none.
+pub fn quantize_chunk(ty: GgmlType, src: &[f32], dst: &mut [u8]) -> Result<()> {
+    match ty {
+        GgmlType::IQ4_NL => quantize_iq4_nl(src, dst, 7),
+        _ => quantize(ty, src, dst),
     }
 }
 

@@ -1,5 +1,6 @@
-//! Reference quantizers of the K-quants Q4_K, Q5_K and Q6_K, byte for byte
-//! equal to ggml's `quantize_row_q{4,5,6}_K_ref` (no importance matrix).
+//! Reference quantizers of the K-quants Q2_K, Q3_K, Q4_K, Q5_K and Q6_K,
+//! byte for byte equal to ggml's `quantize_row_q{2,3,4,5,6}_K_ref` (no
+//! importance matrix).
 //!
 //! Each sub-block gets its own scale (and, for Q4_K/Q5_K, min) from a small
 //! search minimising the weighted squared error; the sub-block scales are
@@ -9,7 +10,7 @@
 use half::f16;
 
 use crate::blocks::k_quants::{K_SCALE_SIZE, scale_min_k4};
-use crate::blocks::{BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
+use crate::blocks::{BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, QK_K};
 use crate::quantize::{BlockQuantizer, nearest_int};
 
 /// ggml's `GROUP_MAX_EPS`: below this a group counts as all zeros.
@@ -63,9 +64,18 @@ fn make_qx_quants(nmax: i32, x: &[f32], l_out: &mut [i8]) -> f32 {
     scale
 }
 
-/// ggml's `make_qkx2_quants` (squared error): asymmetric quants `L` in
-/// `0..=nmax` for `x ≈ scale*L - min`, searching `nstep+1` scales. Returns
-/// (scale, min) with min ≥ 0 meaning an offset of −min.
+/// How [`make_qkx2_quants`] weighs an error.
+#[derive(Clone, Copy, PartialEq)]
+enum ErrorNorm {
+    Squared,
+    /// Absolute (ggml's `use_mad`).
+    Absolute,
+}
+
+/// ggml's `make_qkx2_quants`: asymmetric quants `L` in `0..=nmax` for
+/// `x ≈ scale*L - min`, searching `nstep+1` scales. Returns (scale, min)
+/// with min ≥ 0 meaning an offset of −min.
+#[allow(clippy::too_many_arguments)]
 fn make_qkx2_quants(
     nmax: i32,
     x: &[f32],
@@ -74,7 +84,12 @@ fn make_qkx2_quants(
     rmin: f32,
     rdelta: f32,
     nstep: i32,
+    norm: ErrorNorm,
 ) -> (f32, f32) {
+    let err = |d: f32| match norm {
+        ErrorNorm::Squared => d * d,
+        ErrorNorm::Absolute => d.abs(),
+    };
     let n = x.len();
     let (mut min, mut max) = (x[0], x[0]);
     let mut sum_w = weights[0];
@@ -105,7 +120,7 @@ fn make_qkx2_quants(
     for i in 0..n {
         l_out[i] = quant(iscale, x[i], min) as u8;
         let diff = scale * l_out[i] as f32 + min - x[i];
-        best_error += weights[i] * (diff * diff);
+        best_error += weights[i] * err(diff);
     }
     // Then a least-squares fit of scale and min at each candidate scale.
     let mut laux = [0u8; 32];
@@ -131,7 +146,7 @@ fn make_qkx2_quants(
             let mut cur_error = 0.0f32;
             for i in 0..n {
                 let diff = this_scale * laux[i] as f32 + this_min - x[i];
-                cur_error += weights[i] * (diff * diff);
+                cur_error += weights[i] * err(diff);
             }
             if cur_error < best_error {
                 l_out[..n].copy_from_slice(&laux[..n]);
@@ -167,7 +182,8 @@ fn quantize_k4_scales(
             *w = av_x + v.abs();
         }
         let l = &mut l_all[32 * j..32 * j + 32];
-        (scales[j], mins[j]) = make_qkx2_quants(nmax, xs, &weights, l, rmin, 0.1, nstep);
+        (scales[j], mins[j]) =
+            make_qkx2_quants(nmax, xs, &weights, l, rmin, 0.1, nstep, ErrorNorm::Squared);
         if scales[j] > max_scale {
             max_scale = scales[j];
         }
@@ -210,6 +226,195 @@ fn quantize_k4_scales(
         }
     }
     (packed, d, dmin, l_all)
+}
+
+/// ggml's `make_q3_quants` with `do_rmse`: symmetric quants in
+/// `0..2*nmax` (stored with +nmax) and their scale, refined by up to five
+/// passes of coordinate descent on the x²-weighted error.
+fn make_q3_quants(nmax: i32, x: &[f32], l: &mut [i8]) -> f32 {
+    let (mut amax, mut max) = (0.0f32, 0.0f32);
+    for &v in x {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    if amax < GROUP_MAX_EPS {
+        l.fill(0);
+        return 0.0;
+    }
+    let iscale = -(nmax as f32) / max;
+    let (mut sumlx, mut suml2) = (0.0f32, 0.0f32);
+    for (li, &v) in l.iter_mut().zip(x) {
+        let q = nearest_int(iscale * v).clamp(-nmax, nmax - 1);
+        *li = q as i8;
+        let w = v * v;
+        sumlx += w * v * q as f32;
+        suml2 += w * (q * q) as f32;
+    }
+    for _ in 0..5 {
+        let mut changed = 0;
+        for (li, &v) in l.iter_mut().zip(x) {
+            let w = v * v;
+            let cur = *li as f32;
+            let mut slx = sumlx - w * v * cur;
+            if slx > 0.0 {
+                let mut sl2 = suml2 - w * cur * cur;
+                let new_l = nearest_int(v * sl2 / slx).clamp(-nmax, nmax - 1);
+                if new_l != *li as i32 {
+                    slx += w * v * new_l as f32;
+                    sl2 += w * (new_l * new_l) as f32;
+                    if sl2 > 0.0 && slx * slx * suml2 > sumlx * sumlx * sl2 {
+                        *li = new_l as i8;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        changed += 1;
+                    }
+                }
+            }
+        }
+        if changed == 0 {
+            break;
+        }
+    }
+    for li in l.iter_mut() {
+        *li += nmax as i8;
+    }
+    if suml2 > 0.0 { sumlx / suml2 } else { 0.0 }
+}
+
+/// Pack 2-bit values: byte `l` of each 32-byte group holds weights
+/// `l`, `l+32`, `l+64`, `l+96` of its 128.
+fn pack_2bit(l: &[u8; QK_K], qs: &mut [u8; QK_K / 4]) {
+    for (g, q) in qs.chunks_exact_mut(32).enumerate() {
+        let l = &l[128 * g..128 * g + 128];
+        for (i, byte) in q.iter_mut().enumerate() {
+            *byte = l[i] | (l[i + 32] << 2) | (l[i + 64] << 4) | (l[i + 96] << 6);
+        }
+    }
+}
+
+impl BlockQuantizer for BlockQ2K {
+    fn quantize_block(x: &[f32]) -> Self {
+        let x = &x[..QK_K];
+        const Q4SCALE: f32 = 15.0;
+        let mut l = [0u8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let mut mins = [0f32; QK_K / 16];
+        let (mut max_scale, mut max_min) = (0.0f32, 0.0f32);
+        for j in 0..QK_K / 16 {
+            let xs = &x[16 * j..16 * j + 16];
+            let mut weights = [0f32; 16];
+            for (w, v) in weights.iter_mut().zip(xs) {
+                *w = v.abs();
+            }
+            let lj = &mut l[16 * j..16 * j + 16];
+            (scales[j], mins[j]) =
+                make_qkx2_quants(3, xs, &weights, lj, -0.5, 0.1, 15, ErrorNorm::Absolute);
+            if scales[j] > max_scale {
+                max_scale = scales[j];
+            }
+            if mins[j] > max_min {
+                max_min = mins[j];
+            }
+        }
+        let mut block = BlockQ2K {
+            scales: [0; QK_K / 16],
+            qs: [0; QK_K / 4],
+            d: f16::from_f32(0.0),
+            dmin: f16::from_f32(0.0),
+        };
+        if max_scale > 0.0 {
+            let iscale = Q4SCALE / max_scale;
+            for (s, &scale) in block.scales.iter_mut().zip(&scales) {
+                *s = nearest_int(iscale * scale) as u8;
+            }
+            block.d = f16::from_f32(max_scale / Q4SCALE);
+        }
+        if max_min > 0.0 {
+            let iscale = Q4SCALE / max_min;
+            for (s, &min) in block.scales.iter_mut().zip(&mins) {
+                *s |= (nearest_int(iscale * min) << 4) as u8;
+            }
+            block.dmin = f16::from_f32(max_min / Q4SCALE);
+        }
+        for j in 0..QK_K / 16 {
+            let d = block.d.to_f32() * (block.scales[j] & 0xF) as f32;
+            if d == 0.0 {
+                continue;
+            }
+            let dm = block.dmin.to_f32() * (block.scales[j] >> 4) as f32;
+            for ii in 0..16 {
+                l[16 * j + ii] = nearest_int((x[16 * j + ii] + dm) / d).clamp(0, 3) as u8;
+            }
+        }
+        pack_2bit(&l, &mut block.qs);
+        block
+    }
+}
+
+impl BlockQuantizer for BlockQ3K {
+    fn quantize_block(x: &[f32]) -> Self {
+        let x = &x[..QK_K];
+        let mut l = [0i8; QK_K];
+        let mut scales = [0f32; QK_K / 16];
+        let (mut max_scale, mut amax) = (0.0f32, 0.0f32);
+        for j in 0..QK_K / 16 {
+            scales[j] = make_q3_quants(4, &x[16 * j..16 * j + 16], &mut l[16 * j..16 * j + 16]);
+            if scales[j].abs() > amax {
+                amax = scales[j].abs();
+                max_scale = scales[j];
+            }
+        }
+        let mut block = BlockQ3K {
+            hmask: [0; QK_K / 8],
+            qs: [0; QK_K / 4],
+            scales: [0; 12],
+            d: f16::from_f32(0.0),
+        };
+        if max_scale != 0.0 {
+            let iscale = -32.0 / max_scale;
+            for (j, &scale) in scales.iter().enumerate() {
+                // ggml stores the clamped value in an int8_t, then shifts it.
+                let q = (nearest_int(iscale * scale) as i8).clamp(-32, 31) + 32;
+                if j < 8 {
+                    block.scales[j] = (q & 0xF) as u8;
+                } else {
+                    block.scales[j - 8] |= ((q & 0xF) << 4) as u8;
+                }
+                block.scales[j % 4 + 8] |= ((q as u8) >> 4) << (2 * (j / 4));
+            }
+            block.d = f16::from_f32(1.0 / iscale);
+        }
+        for j in 0..QK_K / 16 {
+            let low = if j < 8 {
+                block.scales[j] & 0xF
+            } else {
+                block.scales[j - 8] >> 4
+            };
+            let high = (block.scales[8 + j % 4] >> (2 * (j / 4))) & 3;
+            let sc = (low | (high << 4)) as i32 - 32;
+            let d = block.d.to_f32() * sc as f32;
+            if d == 0.0 {
+                continue;
+            }
+            for ii in 0..16 {
+                l[16 * j + ii] = (nearest_int(x[16 * j + ii] / d).clamp(-4, 3) + 4) as i8;
+            }
+        }
+        // High bits: weight j's in bit j / 32 of byte j % 32.
+        let mut low = [0u8; QK_K];
+        for (j, (&q, lo)) in l.iter().zip(low.iter_mut()).enumerate() {
+            let mut q = q as u8;
+            if q > 3 {
+                block.hmask[j % (QK_K / 8)] |= 1 << (j / (QK_K / 8));
+                q -= 4;
+            }
+            *lo = q;
+        }
+        pack_2bit(&low, &mut block.qs);
+        block
+    }
 }
 
 impl BlockQuantizer for BlockQ4K {

@@ -24,6 +24,10 @@ use proptest::prelude::*;
 ///     step (measured worst cases on random data: 0.082, 0.041, 0.016 amax);
 ///     the absolute part covers f16-subnormal super-block scales times the
 ///     largest sub-block scale and quant.
+///   Q2_K/Q3_K: one step of 2*amax/3 (amax/4) plus 4-bit (6-bit) sub-block
+///     scales: a loose amax (amax/2).
+///   IQ4_NL: half the widest gap of its table (24/127 of the scale) plus the
+///     scale fit: 0.15 amax.
 fn bound(ty: GgmlType, amax: f32) -> f32 {
     let f16_rel = 1.0 / 2048.0;
     let (rel, qmax) = match ty {
@@ -40,6 +44,9 @@ fn bound(ty: GgmlType, amax: f32) -> f32 {
         GgmlType::Q4_K => (2.0 / 15.0, 63.0 * 15.0 + 63.0),
         GgmlType::Q5_K => (2.0 / 31.0, 63.0 * 31.0 + 63.0),
         GgmlType::Q6_K => (1.0 / 32.0, 127.0 * 32.0),
+        GgmlType::Q2_K => (1.0, 15.0 * 3.0 + 15.0),
+        GgmlType::Q3_K => (0.5, 32.0 * 4.0),
+        GgmlType::IQ4_NL => (0.15, 127.0),
         _ => unreachable!(),
     };
     rel * amax + qmax * 2f32.powi(-25) * 1.01

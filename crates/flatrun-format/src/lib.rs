@@ -43,6 +43,7 @@ pub use ggml_type::{GgmlType, TypeTraits};
 mod backend_support;
 mod byte_reader;
 pub mod gguf;
+pub mod gguf_writer;
 pub mod mapped_file;
 pub mod metadata;
 pub mod mlx_backend;
