@@ -46,6 +46,9 @@ pub enum RuntimeError {
     /// A checkpoint side file (`config.json`) is unreadable.
     #[error("{path}: {what}")]
     Config { path: PathBuf, what: String },
+    /// The memory plan does not fit (checked before loading).
+    #[error("memory plan: {0}")]
+    MemoryPlan(String),
     /// A bad option value (`--residency cap=…`).
     #[error("invalid option {option}: {what}")]
     Option { option: &'static str, what: String },

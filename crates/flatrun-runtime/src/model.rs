@@ -5,8 +5,9 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 use crate::generate::{GenerateOptions, Generation, Prompt};
-use crate::options::LoadOptions;
+use crate::options::{LoadOptions, Residency};
 use crate::profiler::Profiler;
+use crate::residency::MemoryPlan;
 use flatrun_format::StorageBackend;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
@@ -24,6 +25,24 @@ pub struct Model {
     pub(crate) executor: StreamingExecutor,
     pub(crate) tokenizer: std::result::Result<Tokenizer, String>,
     template: std::result::Result<ChatTemplate, String>,
+    memory_plan: MemoryPlan,
+}
+
+/// The residency a load with no explicit policy should use for the model at
+/// `path` with the rest of `opts`: planned from the memory the process really
+/// has (inside a memory cgroup, its limit less its usage; see
+/// [`MemoryPlan::default_residency`]). Reads only the checkpoint's header.
+pub fn default_residency(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Residency> {
+    let checkpoint = Checkpoint::open(path.as_ref())?;
+    let mut cfg = checkpoint.config()?;
+    let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
+    cfg.vocab_size = manifest.vocab_size();
+    Ok(MemoryPlan::default_residency(
+        &cfg,
+        &manifest,
+        opts,
+        crate::memory::memory_headroom(),
+    ))
 }
 
 impl Model {
@@ -46,6 +65,9 @@ impl Model {
         let backend: Arc<dyn StorageBackend> = Arc::from(checkpoint.into_backend());
         let manifest = Manifest::build(&cfg, backend.tensors())?;
         cfg.vocab_size = manifest.vocab_size();
+        // Refuse a plan that cannot fit before anything is read.
+        let memory_plan = MemoryPlan::new(&cfg, &manifest, &opts, crate::memory::memory_headroom());
+        memory_plan.check()?;
         if let Some(n) = opts.threads {
             flatrun_kernels::set_threads(n);
         }
@@ -56,7 +78,13 @@ impl Model {
             executor,
             tokenizer,
             template,
+            memory_plan,
         })
+    }
+
+    /// The memory plan the model was loaded with (checked before loading).
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.memory_plan
     }
 
     /// The checkpoint path.
