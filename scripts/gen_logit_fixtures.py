@@ -70,6 +70,7 @@ def main():
     ap.add_argument("--oracle", required=True, help="path of the reference oracle CLI")
     ap.add_argument("--models", default=os.environ.get("FLATRUN_MODELS", os.path.expanduser("~/.cache/flatrun/models")))
     ap.add_argument("--only")
+    ap.add_argument("--no-greedy", action="store_true", help="teacher-forced logits only")
     ap.add_argument("--ctk", help="llama.cpp KV cache type of the keys (default f16)")
     ap.add_argument("--ctv", help="llama.cpp KV cache type of the values (default: --ctk)")
     a = ap.parse_args()
@@ -94,7 +95,7 @@ def main():
                 "top_logits": [[round(v, 4) for _, v in row] for row in r["top"]],
             })
         greedy = []
-        for p in GREEDY_PROMPTS:
+        for p in [] if a.no_greedy else GREEDY_PROMPTS:
             g = run(a.oracle, "generate", path, "--prompt", p, "--n", "64", *kv)
             ids = g["prompt_tokens"] + g["tokens"]
             r = run(a.oracle, "logits", path, "--tokens", ",".join(map(str, ids)), "--top", "2", *kv)

@@ -239,26 +239,30 @@ fn meminfo_field(text: &str, name: &str) -> Option<u64> {
 /// `/sys/fs/cgroup`), its limit less its usage, the smallest over the
 /// levels. cgroup v2 (`0::/path`): `memory.max` − `memory.current`; v1
 /// (`N:memory:/path`, under `sys_root/memory`): `memory.limit_in_bytes` −
-/// `memory.usage_in_bytes`. The usage counts page cache, of which the
-/// inactive file pages (`inactive_file`, v1 `total_inactive_file`, in
-/// `memory.stat`) are reclaimed before anything else, so they count as
-/// free, as the container runtimes' "working set" does. A level without a
+/// `memory.usage_in_bytes`. The usage counts page cache, whose clean file
+/// pages (`inactive_file` and `active_file` in `memory.stat`, v1 with a
+/// `total_` prefix) are reclaimed before anything is killed, so they count
+/// as free (the model file read once before loading must not shrink the
+/// plan; under a cap, the weights it keeps are planned for). A level without a
 /// limit (`max`, or v1's huge sentinel) limits nothing. `None` when no
 /// level has a limit.
 pub fn cgroup_headroom(sys_root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
     let read_u64 = |path: &std::path::Path| -> Option<u64> {
         std::fs::read_to_string(path).ok()?.trim().parse().ok()
     };
-    let inactive_file = |dir: &std::path::Path, key: &str| -> u64 {
-        std::fs::read_to_string(dir.join("memory.stat"))
-            .ok()
-            .and_then(|stat| {
-                stat.lines().find_map(|l| {
+    // Clean page cache (`inactive_file` + `active_file`, v1 with a `total_`
+    // prefix): reclaimed before anything is killed.
+    let file_cache = |dir: &std::path::Path, prefix: &str| -> u64 {
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let field = |key: String| -> u64 {
+            stat.lines()
+                .find_map(|l| {
                     let (k, v) = l.split_once(' ')?;
                     (k == key).then(|| v.trim().parse().ok()).flatten()
                 })
-            })
-            .unwrap_or(0)
+                .unwrap_or(0)
+        };
+        field(format!("{prefix}inactive_file")) + field(format!("{prefix}active_file"))
     };
     let mut headroom: Option<u64> = None;
     for line in proc_cgroup.lines() {
@@ -268,19 +272,14 @@ pub fn cgroup_headroom(sys_root: &std::path::Path, proc_cgroup: &str) -> Option<
             (Some(_), Some(c), Some(p)) => (c, p),
             _ => continue,
         };
-        let (root, limit_file, usage_file, inactive_key) = if controllers.is_empty() {
-            (
-                sys_root.to_path_buf(),
-                "memory.max",
-                "memory.current",
-                "inactive_file",
-            )
+        let (root, limit_file, usage_file, stat_prefix) = if controllers.is_empty() {
+            (sys_root.to_path_buf(), "memory.max", "memory.current", "")
         } else if controllers.split(',').any(|c| c == "memory") {
             (
                 sys_root.join("memory"),
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
-                "total_inactive_file",
+                "total_",
             )
         } else {
             continue;
@@ -292,7 +291,7 @@ pub fn cgroup_headroom(sys_root: &std::path::Path, proc_cgroup: &str) -> Option<
                 read_u64(&dir.join(limit_file)),
                 read_u64(&dir.join(usage_file)),
             ) {
-                let used = usage.saturating_sub(inactive_file(&dir, inactive_key));
+                let used = usage.saturating_sub(file_cache(&dir, stat_prefix));
                 let left = limit.saturating_sub(used);
                 headroom = Some(headroom.map_or(left, |h| h.min(left)));
             }
@@ -351,7 +350,7 @@ mod tests {
             ("kubepods/app/memory.current", "90000000\n"),
         ]);
         let left = cgroup_headroom(root.path(), "0::/kubepods/app\n");
-        // 1 GiB − (100 MiB − 4.63 MiB of inactive page cache).
+        // 1 GiB − (100 MiB − 4.63 MiB of clean page cache).
         assert_eq!(left, Some(1_073_741_824 - (104_857_600 - 4_857_600)));
         // The tighter of two levels wins.
         let root = tree(&[

@@ -306,7 +306,7 @@ fn default_residency_plans_from_the_headroom() {
     assert!(plan.check().is_ok(), "{:?}", plan.check());
     // Hardly any memory: stream.
     assert_eq!(
-        MemoryPlan::default_residency(&cfg, &m, &opts, Some(60 << 20)),
+        MemoryPlan::default_residency(&cfg, &m, &opts, Some(20 << 20)),
         Residency::Stream
     );
 }
