@@ -539,7 +539,7 @@ pub fn attention(
     let hd = cfg.head_dim;
     // Block-quantized rows must hold whole heads.
     let blocks = k.is_blocks() || v.is_blocks();
-    if hd == 0 || cfg.n_head == 0 || cfg.n_kv_head == 0 || (blocks && hd % QK8 != 0) {
+    if hd == 0 || cfg.n_head == 0 || cfg.n_kv_head == 0 || (blocks && !hd.is_multiple_of(QK8)) {
         return;
     }
     let group = (cfg.n_head / cfg.n_kv_head).max(1);
