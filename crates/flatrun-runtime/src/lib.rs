@@ -49,7 +49,9 @@ pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{Model, Session, default_residency};
-pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
+pub use options::{
+    BackendKind, ContextOverflow, KvType, LoadOptions, Prefetch, Residency, StreamReads,
+};
 
 // What a loaded model reports about itself.
 pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache};

@@ -5,7 +5,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 use crate::generate::{GenerateOptions, Generation, Prompt};
-use crate::options::{LoadOptions, Residency};
+use crate::options::{ContextOverflow, LoadOptions, Residency};
 use crate::profiler::Profiler;
 use crate::residency::MemoryPlan;
 use flatrun_format::StorageBackend;
@@ -153,6 +153,45 @@ impl Model {
         self.tokenizer()?
             .encode(text, add_special, true)
             .map_err(|e| RuntimeError::Tokenizer(e.to_string()))
+    }
+
+    /// Render `messages` (ending with the assistant's turn opened) and
+    /// tokenize them so that at most `room` tokens remain; returns the kept
+    /// messages, their tokens and how many messages were dropped. With
+    /// [`ContextOverflow::TruncateMiddle`], the oldest messages that are not
+    /// system messages are dropped first (never the last one); with
+    /// [`ContextOverflow::Error`], or when even the system messages and the
+    /// last message do not fit, a [`RuntimeError::ContextOverflow`].
+    pub fn fit_conversation(
+        &self,
+        messages: &[ChatMessage],
+        room: usize,
+        policy: ContextOverflow,
+    ) -> Result<(Vec<ChatMessage>, Vec<u32>, usize)> {
+        let mut kept = messages.to_vec();
+        loop {
+            let tokens = self.encode(&self.apply_chat_template(&kept, true)?, true)?;
+            if tokens.len() <= room {
+                let dropped = messages.len() - kept.len();
+                return Ok((kept, tokens, dropped));
+            }
+            let droppable = kept
+                .iter()
+                .take(kept.len().saturating_sub(1))
+                .position(|m| m.role != "system");
+            match (policy, droppable) {
+                (ContextOverflow::TruncateMiddle, Some(i)) => {
+                    kept.remove(i);
+                }
+                _ => {
+                    return Err(RuntimeError::ContextOverflow {
+                        used: 0,
+                        new: tokens.len(),
+                        capacity: room,
+                    });
+                }
+            }
+        }
     }
 
     /// Detokenize `ids`.

@@ -157,6 +157,32 @@ impl FromStr for KvType {
     }
 }
 
+/// What a conversation longer than the context becomes
+/// ([`crate::Model::fit_conversation`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextOverflow {
+    /// Refuse it ([`RuntimeError::ContextOverflow`]).
+    #[default]
+    Error,
+    /// Keep the system messages and the newest turns: drop the oldest other
+    /// messages until the rendered conversation fits.
+    TruncateMiddle,
+}
+
+impl FromStr for ContextOverflow {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(ContextOverflow::Error),
+            "truncate-middle" => Ok(ContextOverflow::TruncateMiddle),
+            other => Err(RuntimeError::Option {
+                option: "context-overflow",
+                what: format!("`{other}` (expected error or truncate-middle)"),
+            }),
+        }
+    }
+}
+
 /// How streamed weights are read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum StreamReads {
