@@ -198,7 +198,7 @@ impl EngineFlags {
         };
         if self.residency.is_empty() && model.exists() {
             options.residency = flatrun_runtime::default_residency(model, &options)
-                .map_err(|e| anyhow::anyhow!("cannot plan {}: {e}", model.display()))?;
+                .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", model.display()))?;
         }
         if weights != WeightsMode::Keep && options.residency == Residency::Stream {
             bail!(
