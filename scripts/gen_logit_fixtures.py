@@ -12,6 +12,10 @@ llama-cpp-python; see the runtime's docs):
 Usage (not run by CI; needs the reference build):
   scripts/gen_logit_fixtures.py --oracle PATH/TO/oracle [--models DIR] [--only NAME]
 Writes crates/flatrun-runtime/tests/fixtures/<model>.logits.json.
+
+With `--ctk TYPE --ctv TYPE` (llama.cpp's KV cache types, e.g. q8_0 or q4_0; a
+quantized cache runs with flash attention there) every oracle call gets them, and
+the fixture is <model>.kv-<ctk>-<ctv>.logits.json (the quantized-cache fidelity tests).
 """
 import argparse, json, os, subprocess, sys
 
@@ -66,7 +70,15 @@ def main():
     ap.add_argument("--oracle", required=True, help="path of the reference oracle CLI")
     ap.add_argument("--models", default=os.environ.get("FLATRUN_MODELS", os.path.expanduser("~/.cache/flatrun/models")))
     ap.add_argument("--only")
+    ap.add_argument("--no-greedy", action="store_true", help="teacher-forced logits only")
+    ap.add_argument("--ctk", help="llama.cpp KV cache type of the keys (default f16)")
+    ap.add_argument("--ctv", help="llama.cpp KV cache type of the values (default: --ctk)")
     a = ap.parse_args()
+    kv = []
+    if a.ctk or a.ctv:
+        a.ctk = a.ctk or "f16"
+        a.ctv = a.ctv or a.ctk
+        kv = ["--ctk", a.ctk, "--ctv", a.ctv]
     os.makedirs(OUT, exist_ok=True)
     for name, kind in MODELS.items():
         if a.only and a.only not in name:
@@ -75,7 +87,7 @@ def main():
         teacher = []
         prompts = TEACHER_PROMPTS + [chat(kind, "Explain in two sentences why the sky is blue.")]
         for p in prompts:
-            r = run(a.oracle, "logits", path, "--prompt", p, "--top", "10")
+            r = run(a.oracle, "logits", path, "--prompt", p, "--top", "10", *kv)
             teacher.append({
                 "prompt": p,
                 "tokens": r["tokens"],
@@ -83,10 +95,10 @@ def main():
                 "top_logits": [[round(v, 4) for _, v in row] for row in r["top"]],
             })
         greedy = []
-        for p in GREEDY_PROMPTS:
-            g = run(a.oracle, "generate", path, "--prompt", p, "--n", "64")
+        for p in [] if a.no_greedy else GREEDY_PROMPTS:
+            g = run(a.oracle, "generate", path, "--prompt", p, "--n", "64", *kv)
             ids = g["prompt_tokens"] + g["tokens"]
-            r = run(a.oracle, "logits", path, "--tokens", ",".join(map(str, ids)), "--top", "2")
+            r = run(a.oracle, "logits", path, "--tokens", ",".join(map(str, ids)), "--top", "2", *kv)
             n0 = len(g["prompt_tokens"])
             # Gap of the step that produced each generated token (position n0-1+k).
             gaps = [round(r["top"][n0 - 1 + k][0][1] - r["top"][n0 - 1 + k][1][1], 4)
@@ -95,7 +107,7 @@ def main():
                            "text": g["text"], "top2_gap": gaps})
         fixture = {
             "model": name,
-            "generator": "scripts/gen_logit_fixtures.py --oracle ORACLE "
+            "generator": "scripts/gen_logit_fixtures.py --oracle ORACLE " + " ".join(kv) + " "
                          "(oracle logits MODEL --prompt P --top 10; oracle generate MODEL --prompt P --n 64; "
                          "oracle logits MODEL --tokens IDS --top 2)",
             "reference": "llama.cpp vendored in llama-cpp-python 0.3.36, CPU",
@@ -103,6 +115,9 @@ def main():
             "greedy": greedy,
         }
         stem = name[: -len(".gguf")]
+        if kv:
+            fixture["kv_types"] = [a.ctk, a.ctv]
+            stem += f".kv-{a.ctk}-{a.ctv}"
         with open(os.path.join(OUT, f"{stem}.logits.json"), "w") as f:
             json.dump(fixture, f, separators=(",", ":"))
         print(name, "positions:", sum(len(t["tokens"]) for t in teacher), file=sys.stderr)

@@ -16,7 +16,7 @@ use crate::interrupt::Interrupt;
 use crate::loading::{finish_profile, header, load, peak_rss};
 use crate::progress::on_terminal;
 use anyhow::Result;
-use flatrun_runtime::ChatMessage;
+use flatrun_runtime::{ChatMessage, ContextOverflow};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -32,6 +32,11 @@ pub struct ChatArgs {
     /// System prompt.
     #[arg(long)]
     pub system: Option<String>,
+    /// A conversation longer than the context (less room for the answer):
+    /// `error` refuses the turn, `truncate-middle` keeps the system prompt and
+    /// the newest turns, dropping the oldest others.
+    #[arg(long, default_value = "error", value_parser = ["error", "truncate-middle"])]
+    pub context_overflow: String,
     #[command(flatten)]
     pub engine: EngineFlags,
     #[command(flatten)]
@@ -122,6 +127,10 @@ fn read_input(lines: &mut impl BufRead) -> Result<Option<Input>> {
 pub fn run(args: ChatArgs) -> Result<()> {
     let sampling = args.sampling.params()?;
     let speculation = args.speculation.speculation()?;
+    let overflow: ContextOverflow = args
+        .context_overflow
+        .parse()
+        .map_err(|e| anyhow::anyhow!("--context-overflow: {e}"))?;
     let mut loaded = load(&args.model, &args.engine, args.output.quiet)?;
     if !args.output.quiet {
         eprintln!("{}", header(&loaded));
@@ -188,8 +197,25 @@ pub fn run(args: ChatArgs) -> Result<()> {
 
         // Render the conversation with the new user turn and answer it.
         history.push(ChatMessage::new("user", message));
-        let rendered = model.apply_chat_template(&history, true)?;
-        let prompt = model.encode(&rendered, true)?;
+        // Leave room for the answer (at most half the context).
+        let ctx = model.executor().context_size();
+        let room = ctx - args.max_new.min(ctx / 2);
+        let prompt = match model.fit_conversation(&history, room, overflow) {
+            Ok((kept, prompt, dropped)) => {
+                if dropped > 0 {
+                    eprintln!("[context full: dropped the {dropped} oldest messages]");
+                    history = kept;
+                }
+                prompt
+            }
+            Err(e) => {
+                history.pop();
+                eprintln!(
+                    "error: {e}\nhint: /reset, raise --ctx, or use --context-overflow truncate-middle"
+                );
+                continue;
+            }
+        };
         // Reuse the cached prefix; feed only the tokens after it.
         let mut seq = cache.take().unwrap_or_else(|| model.new_sequence());
         let keep = reusable_prefix(seq.tokens(), &prompt);

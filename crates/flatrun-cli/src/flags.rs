@@ -19,11 +19,13 @@ pub struct EngineFlags {
     /// Kernel threads [default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
-    /// Context size in tokens [default: the model's, at most 4096].
+    /// Context size in tokens [default: the model's trained context].
     #[arg(long)]
     pub ctx: Option<usize>,
     /// `stream` (one layer resident), `resident`, or `cap=SIZE` (e.g. cap=512M, cap=2G)
-    /// [default: resident when the model fits comfortably in free memory, else a cap].
+    /// [default: resident when the weights and the whole KV cache fit comfortably in the
+    /// memory available (inside a container: its memory cgroup's limit less its usage),
+    /// else a cap of what fits].
     /// `bench` measures every mode given (repeat the flag or separate with commas).
     #[arg(long, value_name = "MODE", value_delimiter = ',')]
     pub residency: Vec<String>,
@@ -43,9 +45,21 @@ pub struct EngineFlags {
     /// the kept bytes and twice the streamed ones).
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub stream_reads: String,
-    /// KV cache element type: f16 or f32.
-    #[arg(long, default_value = "f16", value_parser = ["f16", "f32"])]
+    /// KV cache element type of keys and values: f16, f32, q8_0 or q4_0
+    /// (quantized blocks of 32, read directly by attention).
+    #[arg(long, default_value = "f16", value_parser = KV_TYPES)]
     pub kv_type: String,
+    /// Element type of the keys only (like llama.cpp's -ctk) [default: --kv-type].
+    #[arg(long, value_parser = KV_TYPES)]
+    pub kv_type_k: Option<String>,
+    /// Element type of the values only (like llama.cpp's -ctv) [default: --kv-type].
+    #[arg(long, value_parser = KV_TYPES)]
+    pub kv_type_v: Option<String>,
+    /// Where the streamed KV cache (stream and cap residency) keeps its file: a
+    /// directory, or a path the file is named after (removed on exit)
+    /// [default: the temporary directory].
+    #[arg(long, value_name = "PATH")]
+    pub kv_file: Option<PathBuf>,
     /// Weights: `keep` (quantized blocks, fused kernels), or `f16`/`f32` (dequantize the
     /// resident layers once at load; needs --residency resident).
     #[arg(long, default_value = "keep", value_parser = ["keep", "f16", "f32"])]
@@ -67,6 +81,9 @@ pub struct EngineFlags {
     #[arg(long)]
     pub trace_memory: bool,
 }
+
+/// The KV cache element types the flags take.
+const KV_TYPES: [&str; 4] = ["f16", "f32", "q8_0", "q4_0"];
 
 /// How the next token is chosen.
 #[derive(Clone, Debug, clap::Args)]
@@ -181,12 +198,10 @@ impl EngineFlags {
         self.profile || self.profile_detailed || self.profile_save.is_some()
     }
 
-    /// The residency policy: the flag, or one chosen from free memory.
+    /// The residency policy: the flag, or the one the memory plan picks
+    /// from the memory available ([`flatrun_runtime::default_residency`]).
     pub fn residency_for(&self, model: &Path) -> Result<Residency> {
-        match self.residency.last() {
-            Some(text) => parse_residency(text),
-            None => Ok(default_residency(weight_bytes(model), available_memory())),
-        }
+        Ok(self.load_options(model)?.residency)
     }
 
     /// Check the flag values and build the runtime's [`LoadOptions`].
@@ -195,10 +210,18 @@ impl EngineFlags {
             .backend
             .parse()
             .map_err(|e| anyhow::anyhow!("--backend: {e}"))?;
-        let kv_type: KvType = self
-            .kv_type
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--kv-type: {e}"))?;
+        let kv_type = |flag: &str, text: &str| -> Result<KvType> {
+            text.parse().map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
+        };
+        let both = kv_type("kv-type", &self.kv_type)?;
+        let keys = match &self.kv_type_k {
+            Some(t) => kv_type("kv-type-k", t)?,
+            None => both,
+        };
+        let values = match &self.kv_type_v {
+            Some(t) => kv_type("kv-type-v", t)?,
+            None => both,
+        };
         let weights: WeightsMode = self
             .weights
             .parse()
@@ -211,21 +234,17 @@ impl EngineFlags {
             .stream_reads
             .parse()
             .map_err(|e| anyhow::anyhow!("--stream-reads: {e}"))?;
-        let residency = self.residency_for(model)?;
-        if weights != WeightsMode::Keep && residency == Residency::Stream {
-            bail!(
-                "--weights {weights} needs --residency resident: streamed layers would be dequantized again \
-                 at every acquisition (several times the bytes per token)\n\
-                 hint: add --residency resident, or use --weights keep"
-            );
-        }
+        let residency = match self.residency.last() {
+            Some(text) => parse_residency(text)?,
+            None => Residency::Resident,
+        };
         if self.threads == Some(0) {
             bail!("--threads must be at least 1");
         }
         if self.ctx == Some(0) {
             bail!("--ctx must be at least 1");
         }
-        Ok(LoadOptions {
+        let mut options = LoadOptions {
             backend,
             threads: self.threads,
             residency,
@@ -237,7 +256,9 @@ impl EngineFlags {
                 }
             },
             ctx: self.ctx,
-            kv_type,
+            kv_type: keys,
+            kv_type_v: Some(values),
+            kv_file: self.kv_file.clone(),
             stream_chunk_bytes: flatrun_runtime::parse_size(&self.stream_chunk)?.max(1) as usize,
             profile: self.profiling(),
             trace_memory: self.trace_memory || self.profile_detailed,
@@ -245,7 +266,19 @@ impl EngineFlags {
             layers,
             stream_reads,
             ..LoadOptions::default()
-        })
+        };
+        if self.residency.is_empty() && model.exists() {
+            options.residency = flatrun_runtime::default_residency(model, &options)
+                .map_err(|e| anyhow::anyhow!("cannot load {}: {e}", model.display()))?;
+        }
+        if weights != WeightsMode::Keep && options.residency == Residency::Stream {
+            bail!(
+                "--weights {weights} needs --residency resident: streamed layers would be dequantized again \
+                 at every acquisition (several times the bytes per token)\n\
+                 hint: add --residency resident, or use --weights keep"
+            );
+        }
+        Ok(options)
     }
 }
 
@@ -316,27 +349,6 @@ pub fn weight_bytes(model: &Path) -> u64 {
     }
 }
 
-/// `MemAvailable` from `/proc/meminfo`, if readable.
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    info.lines()
-        .find_map(|l| l.strip_prefix("MemAvailable:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map(|kb| kb * 1024)
-}
-
-/// Resident when the weights take at most 60% of the available memory,
-/// otherwise keep half of the available memory's worth of layers.
-pub fn default_residency(model_bytes: u64, available: Option<u64>) -> Residency {
-    match available {
-        Some(free) if model_bytes.saturating_mul(10) > free.saturating_mul(6) => {
-            Residency::Cap(free / 2)
-        }
-        _ => Residency::Resident,
-    }
-}
-
 /// Read a prompt file, with a message naming it.
 pub fn read_text_file(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
@@ -371,13 +383,6 @@ pub fn residency_name(r: Residency) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn default_residency_follows_free_memory() {
-        assert_eq!(default_residency(100, Some(1000)), Residency::Resident);
-        assert_eq!(default_residency(900, Some(1000)), Residency::Cap(500));
-        assert_eq!(default_residency(900, None), Residency::Resident);
-    }
 
     #[test]
     fn layer_ranges() {

@@ -2,28 +2,19 @@
 //! head and embedding, and the peak each residency mode implies; and
 //! `--layer N`, one layer's tensors.
 //!
-//! The peak is an estimate of resident memory while a token runs:
-//!
-//! ```text
-//! resident : every weight + KV cache
-//! stream   : (1 + prefetch) × largest layer + one head chunk + KV cache
-//! cap=C    : what the plan keeps (≤ C) + (1 + prefetch) × largest streamed layer + KV cache
-//! ```
+//! The peak of each mode is the runtime's own `flatrun_runtime::MemoryPlan` (the one
+//! `run` checks before loading): weights kept, read buffers of what
+//! streams, the KV cache in memory (all of it when resident; the layers in
+//! flight when streamed from its file) and the work buffers of a step; the
+//! KV cache is sized for the model's whole trained context.
 
 use crate::flags::{human_bytes, residency_name};
 use anyhow::{Result, bail};
 use flatrun_model::{Checkpoint, Manifest, ModelConfig};
-use flatrun_runtime::{Residency, ResidencyPlan};
+use flatrun_runtime::{KvCache, KvType, LoadOptions, Residency, ResidencyPlan};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::Path;
-
-/// Context the plan sizes the KV cache for (the runtime's default limit).
-const PLAN_CTX_LIMIT: usize = 4096;
-/// Bytes of one streamed chunk of the output head.
-const HEAD_CHUNK_BYTES: u64 = 4 << 20;
-/// Layers the default prefetch keeps in flight besides the executing one.
-const PLAN_PREFETCH: u64 = 1;
 
 /// Bytes of the model's parts and the peak of each residency mode.
 #[derive(Debug, Serialize)]
@@ -39,6 +30,11 @@ pub struct MemoryPlan {
     /// f16 KV cache bytes at `ctx`.
     pub kv_cache_bytes: u64,
     pub modes: Vec<ModePeak>,
+    /// Memory the process may fill (inside a memory cgroup, its limit less
+    /// its usage), when known.
+    pub headroom_bytes: Option<u64>,
+    /// The residency `run` picks with no `--residency` flag.
+    pub default_residency: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer: Option<LayerDetail>,
 }
@@ -138,38 +134,28 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
         manifest.output.bytes
     };
     let total = embedding + head + layer_bytes.iter().sum::<u64>() + manifest.output_norm.bytes;
-    // K and V, f16, for every layer and position.
-    let ctx = if cfg.context_length == 0 {
-        PLAN_CTX_LIMIT
-    } else {
-        cfg.context_length.min(PLAN_CTX_LIMIT)
-    };
-    let kv = (cfg.n_layer * ctx * cfg.n_kv_head * cfg.head_dim * 2 * 2) as u64;
-    let in_flight = (1 + PLAN_PREFETCH) * largest;
-    let head_chunk = HEAD_CHUNK_BYTES.min(manifest.output.bytes);
+    let opts = LoadOptions::default();
+    let ctx = flatrun_runtime::context_size(cfg, &opts);
+    let kv = KvCache::planned_layer_bytes(cfg, ctx, opts.max_batch, KvType::F16, KvType::F16)
+        .iter()
+        .sum();
+    let headroom = flatrun_runtime::memory_headroom();
     let mode = |policy: Residency| {
         let p = ResidencyPlan::new(policy, manifest);
-        let streamed_layer = manifest
-            .layers
-            .iter()
-            .filter(|l| !p.is_resident(l.index))
-            .map(|l| l.bytes)
-            .max()
-            .unwrap_or(0);
-        let streaming =
-            (1 + PLAN_PREFETCH) * streamed_layer + if p.output_resident { 0 } else { head_chunk };
+        let planned = flatrun_runtime::MemoryPlan::new(
+            cfg,
+            manifest,
+            &LoadOptions {
+                residency: policy,
+                ..opts.clone()
+            },
+            None,
+        );
         ModePeak {
             residency: residency_name(policy),
             resident_weight_bytes: p.resident_bytes,
             streamed_bytes_per_token: p.streamed_bytes_per_token,
-            peak_bytes: match policy {
-                Residency::Resident => total + kv,
-                _ => {
-                    p.resident_bytes
-                        + streaming.max(if p.resident_bytes == 0 { in_flight } else { 0 })
-                        + kv
-                }
-            },
+            peak_bytes: planned.peak_bytes,
         }
     };
     let half = (total / 2).max(largest);
@@ -187,6 +173,10 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
             mode(Residency::Cap(half)),
             mode(Residency::Stream),
         ],
+        headroom_bytes: headroom,
+        default_residency: residency_name(flatrun_runtime::MemoryPlan::default_residency(
+            cfg, manifest, &opts, headroom,
+        )),
         layer,
     }
 }
@@ -196,7 +186,7 @@ pub fn render_text(plan: &MemoryPlan) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "\nmemory plan (KV cache f16 at ctx {}: {})",
+        "\nmemory plan (KV cache f16 at the full context of {} tokens: {}; --ctx and --kv-type lower it)",
         plan.ctx,
         human_bytes(plan.kv_cache_bytes)
     );
@@ -243,6 +233,15 @@ pub fn render_text(plan: &MemoryPlan) -> String {
             human_bytes(m.peak_bytes)
         );
     }
+    let _ = writeln!(
+        s,
+        "  default         {}{}",
+        plan.default_residency,
+        match plan.headroom_bytes {
+            Some(h) => format!(" (memory available: {})", human_bytes(h)),
+            None => String::new(),
+        }
+    );
     if let Some(layer) = &plan.layer {
         let _ = writeln!(s, "\nlayer {} ({}):", layer.index, human_bytes(layer.bytes));
         for t in &layer.tensors {

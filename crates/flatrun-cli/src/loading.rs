@@ -99,6 +99,8 @@ pub fn header(loaded: &Loaded) -> String {
             "\nreads:     streamed layers with O_DIRECT, around the page cache (--stream-reads)"
         });
     }
+    extra.push('\n');
+    extra.push_str(&model.memory_plan().summary());
     if let Some(layers) = &loaded.options.layers {
         extra.push_str(&format!(
             "\nlayers:    {layers} only ({} of {})",

@@ -50,6 +50,9 @@ pub enum RuntimeError {
     /// differs, or none is attached.
     #[error("draft model: {0}")]
     Draft(String),
+    /// The memory plan does not fit (checked before loading).
+    #[error("memory plan: {0}")]
+    MemoryPlan(String),
     /// A bad option value (`--residency cap=…`).
     #[error("invalid option {option}: {what}")]
     Option { option: &'static str, what: String },

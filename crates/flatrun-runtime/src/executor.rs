@@ -12,11 +12,11 @@
 //! ```
 
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvBacking, KvCache, KvLayout};
 use crate::layer_range::LayerSelection;
 use crate::layer_vectors::{LayerVectorStore, LayerView};
 use crate::memory;
-use crate::options::{KvType, LoadOptions, Prefetch, Residency, StreamReads};
+use crate::options::{LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
 use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
@@ -200,7 +200,8 @@ pub struct StreamingExecutor {
     buffers: StepBuffers,
     scratch: LayerScratch,
     ctx: usize,
-    kv_type: KvType,
+    /// Element types and backing of new sequences' caches.
+    kv_layout: KvLayout,
     max_batch: usize,
     /// The decoder layers that run (`--layers`; all by default).
     selection: LayerSelection,
@@ -395,9 +396,17 @@ impl StreamingExecutor {
             read_depth,
             policy,
         );
-        let ctx = opts
-            .ctx
-            .unwrap_or_else(|| cfg.context_length.clamp(1, 4096));
+        let ctx = crate::residency::context_size(&cfg, opts);
+        let (keys, values) = opts.kv_types();
+        let kv_layout = KvLayout {
+            keys,
+            values,
+            // Stream and cap residency stream the cache from a file too.
+            backing: match opts.residency {
+                Residency::Resident => KvBacking::Anonymous,
+                _ => KvBacking::File(opts.kv_file.clone()),
+            },
+        };
         let max_batch = opts.max_batch.max(1);
         Ok(StreamingExecutor {
             scratch: LayerScratch::new(&cfg, 1),
@@ -416,7 +425,7 @@ impl StreamingExecutor {
             matrix_names,
             buffers: StepBuffers::default(),
             ctx,
-            kv_type: opts.kv_type,
+            kv_layout,
             max_batch,
             selection,
             dense,
@@ -475,7 +484,7 @@ impl StreamingExecutor {
         let ctx = positions.clamp(1, self.ctx);
         Sequence {
             tokens: Vec::new(),
-            kv: KvCache::new(&self.cfg, ctx, self.max_batch, self.kv_type),
+            kv: KvCache::with_layout(&self.cfg, ctx, self.max_batch, &self.kv_layout),
             recurrent: RecurrentState::new(&self.cfg),
         }
     }
@@ -723,7 +732,11 @@ impl StreamingExecutor {
                 vectors,
             };
             // Each sequence runs through its own memory of this layer: a KV
-            // cache, or a recurrent state.
+            // cache, or a recurrent state. A streamed cache reads the next
+            // layer's pages ahead while this one runs.
+            for (seq, _) in batch.iter() {
+                seq.kv.prefetch_layer(il + 1);
+            }
             let memory = self.cfg.arch.layer_memory(&self.cfg, il);
             let mut segments: Vec<Segment> = Vec::with_capacity(pieces.len());
             for (s, (seq, _)) in batch.iter_mut().enumerate() {
@@ -771,6 +784,10 @@ impl StreamingExecutor {
                 &mut self.profiler,
             )?;
             drop(segments);
+            // A streamed cache's pages of this layer leave the process.
+            for (seq, _) in batch.iter() {
+                seq.kv.release_layer(il);
+            }
             if let Some(k) = &chunked {
                 // The matmuls' waits for their chunks are this layer's I/O wait.
                 self.profiler.record_io_wait(il, k.io_wait());

@@ -49,20 +49,22 @@ mod weights_override;
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
-pub use model::{Model, Session};
-pub use options::{BackendKind, KvType, LoadOptions, Prefetch, Residency, StreamReads};
+pub use model::{Model, Session, default_residency};
+pub use options::{
+    BackendKind, ContextOverflow, KvType, LoadOptions, Prefetch, Residency, StreamReads,
+};
 pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
-pub use kv_cache::{KvCache, LayerKvCache};
+pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache};
 pub use layer_range::LayerSelection;
 pub use profiler::{LayerTimes, MemorySample, Profiler};
-pub use residency::ResidencyPlan;
+pub use residency::{FALLBACK_CONTEXT, MemoryPlan, ResidencyPlan, context_size};
 pub use weights_override::WeightsMode;
 
 // Helpers for command-line tools and tests: the process's resident set,
 // `.npy` output, and byte sizes such as `512M`.
-pub use memory::{RssSample, mapped_file_rss, rss};
+pub use memory::{RssSample, cgroup_headroom, mapped_file_rss, memory_headroom, rss};
 pub use npy::write_f32_matrix;
 pub use options::parse_size;
 

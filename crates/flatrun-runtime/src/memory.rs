@@ -211,53 +211,91 @@ pub fn release(bytes: &[u8]) {
 }
 
 /// Bytes this process may still fill before memory gets tight: the smallest
-/// of `MemAvailable` (`/proc/meminfo`) and, for every memory cgroup from the
-/// process's own up to the root, its limit less its usage (cgroup v2
-/// `memory.max` − `memory.current`, v1 `memory.limit_in_bytes` −
-/// `memory.usage_in_bytes`, which counts page cache: an underestimate, on
-/// the safe side). `None` when none of these can be read (not Linux).
+/// of `MemAvailable` (`/proc/meminfo`) and what its memory cgroups leave
+/// ([`cgroup_headroom`] over `/sys/fs/cgroup` and `/proc/self/cgroup`).
+/// `None` when none of these can be read (not Linux).
 pub fn memory_headroom() -> Option<u64> {
+    let available = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| meminfo_field(&text, "MemAvailable:"));
+    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let cgroup = cgroup_headroom(std::path::Path::new("/sys/fs/cgroup"), &cgroups);
+    match (available, cgroup) {
+        (Some(a), Some(c)) => Some(a.min(c)),
+        (a, c) => a.or(c),
+    }
+}
+
+/// A `/proc/meminfo` field in bytes (`MemAvailable:` → its kB × 1024).
+fn meminfo_field(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find_map(|l| l.strip_prefix(name))?;
+    let kib: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// What the memory cgroups of a process leave it: for every memory cgroup
+/// from the process's own up to the root (`proc_cgroup` is the text of
+/// `/proc/self/cgroup`, `sys_root` where the hierarchy is mounted, usually
+/// `/sys/fs/cgroup`), its limit less its usage, the smallest over the
+/// levels. cgroup v2 (`0::/path`): `memory.max` − `memory.current`; v1
+/// (`N:memory:/path`, under `sys_root/memory`): `memory.limit_in_bytes` −
+/// `memory.usage_in_bytes`. The usage counts page cache, whose clean file
+/// pages (`inactive_file` and `active_file` in `memory.stat`, v1 with a
+/// `total_` prefix) are reclaimed before anything is killed, so they count
+/// as free (the model file read once before loading must not shrink the
+/// plan; under a cap, the weights it keeps are planned for). A level without a
+/// limit (`max`, or v1's huge sentinel) limits nothing. `None` when no
+/// level has a limit.
+pub fn cgroup_headroom(sys_root: &std::path::Path, proc_cgroup: &str) -> Option<u64> {
     let read_u64 = |path: &std::path::Path| -> Option<u64> {
         std::fs::read_to_string(path).ok()?.trim().parse().ok()
     };
-    let mut headroom: Option<u64> =
-        std::fs::read_to_string("/proc/meminfo")
-            .ok()
-            .and_then(|text| {
-                let line = text.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
-                let kib: u64 = line.trim().trim_end_matches("kB").trim().parse().ok()?;
-                Some(kib * 1024)
-            });
-    let cgroups = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-    for line in cgroups.lines() {
+    // Clean page cache (`inactive_file` + `active_file`, v1 with a `total_`
+    // prefix): reclaimed before anything is killed.
+    let file_cache = |dir: &std::path::Path, prefix: &str| -> u64 {
+        let stat = std::fs::read_to_string(dir.join("memory.stat")).unwrap_or_default();
+        let field = |key: String| -> u64 {
+            stat.lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(' ')?;
+                    (k == key).then(|| v.trim().parse().ok()).flatten()
+                })
+                .unwrap_or(0)
+        };
+        field(format!("{prefix}inactive_file")) + field(format!("{prefix}active_file"))
+    };
+    let mut headroom: Option<u64> = None;
+    for line in proc_cgroup.lines() {
         // "0::/path" (v2) or "N:memory:/path" (v1; controllers comma-separated).
         let mut parts = line.splitn(3, ':');
-        let (_, controllers, path) = match (parts.next(), parts.next(), parts.next()) {
-            (Some(id), Some(c), Some(p)) => (id, c, p),
+        let (controllers, path) = match (parts.next(), parts.next(), parts.next()) {
+            (Some(_), Some(c), Some(p)) => (c, p),
             _ => continue,
         };
-        let (root, limit_file, usage_file) = if controllers.is_empty() {
-            ("/sys/fs/cgroup", "memory.max", "memory.current")
+        let (root, limit_file, usage_file, stat_prefix) = if controllers.is_empty() {
+            (sys_root.to_path_buf(), "memory.max", "memory.current", "")
         } else if controllers.split(',').any(|c| c == "memory") {
             (
-                "/sys/fs/cgroup/memory",
+                sys_root.join("memory"),
                 "memory.limit_in_bytes",
                 "memory.usage_in_bytes",
+                "total_",
             )
         } else {
             continue;
         };
-        let mut dir = std::path::PathBuf::from(root).join(path.trim_start_matches('/'));
+        let mut dir = root.join(path.trim().trim_start_matches('/'));
         loop {
             // "max" (v2) does not parse: no limit at this level.
             if let (Some(limit), Some(usage)) = (
                 read_u64(&dir.join(limit_file)),
                 read_u64(&dir.join(usage_file)),
             ) {
-                let left = limit.saturating_sub(usage);
+                let used = usage.saturating_sub(file_cache(&dir, stat_prefix));
+                let left = limit.saturating_sub(used);
                 headroom = Some(headroom.map_or(left, |h| h.min(left)));
             }
-            if dir.as_os_str().len() <= root.len() || !dir.pop() {
+            if dir.as_os_str().len() <= root.as_os_str().len() || !dir.pop() {
                 break;
             }
         }
@@ -285,5 +323,70 @@ mod tests {
             "{headroom} > {available}"
         );
         assert!(headroom > 0);
+    }
+
+    /// Write `files` (path relative to `root`, contents) as a fake cgroup tree.
+    fn tree(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn cgroup_v2_limits_walk_up_the_hierarchy() {
+        // A pod with a 1 GiB limit, the container under it with none of its own.
+        let root = tree(&[
+            ("kubepods/memory.max", "1073741824\n"),
+            ("kubepods/memory.current", "104857600\n"),
+            (
+                "kubepods/memory.stat",
+                "anon 50000000\ninactive_file 4857600\n",
+            ),
+            ("kubepods/app/memory.max", "max\n"),
+            ("kubepods/app/memory.current", "90000000\n"),
+        ]);
+        let left = cgroup_headroom(root.path(), "0::/kubepods/app\n");
+        // 1 GiB − (100 MiB − 4.63 MiB of clean page cache).
+        assert_eq!(left, Some(1_073_741_824 - (104_857_600 - 4_857_600)));
+        // The tighter of two levels wins.
+        let root = tree(&[
+            ("a/memory.max", "1000000000"),
+            ("a/memory.current", "0"),
+            ("a/b/memory.max", "245366784"),
+            ("a/b/memory.current", "5000000"),
+        ]);
+        assert_eq!(
+            cgroup_headroom(root.path(), "0::/a/b"),
+            Some(245_366_784 - 5_000_000)
+        );
+        // No limit anywhere.
+        let root = tree(&[("x/memory.max", "max"), ("x/memory.current", "123")]);
+        assert_eq!(cgroup_headroom(root.path(), "0::/x"), None);
+    }
+
+    #[test]
+    fn cgroup_v1_memory_controller() {
+        let root = tree(&[
+            ("memory/job/memory.limit_in_bytes", "245366784\n"),
+            ("memory/job/memory.usage_in_bytes", "20000000\n"),
+            (
+                "memory/job/memory.stat",
+                "cache 15000000\ntotal_inactive_file 10000000\n",
+            ),
+            // The root's "unlimited" sentinel.
+            ("memory/memory.limit_in_bytes", "9223372036854771712"),
+            ("memory/memory.usage_in_bytes", "8000000000"),
+        ]);
+        let text = "12:cpu,cpuacct:/job\n7:memory:/job\n1:name=systemd:/\n";
+        assert_eq!(
+            cgroup_headroom(root.path(), text),
+            Some(245_366_784 - 10_000_000)
+        );
+        // No memory controller line: nothing known.
+        assert_eq!(cgroup_headroom(root.path(), "12:cpu:/job\n"), None);
     }
 }

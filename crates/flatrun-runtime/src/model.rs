@@ -5,8 +5,9 @@
 use crate::error::{Result, RuntimeError};
 use crate::executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 use crate::generate::{GenerateOptions, Generation, Prompt};
-use crate::options::LoadOptions;
+use crate::options::{ContextOverflow, LoadOptions, Residency};
 use crate::profiler::Profiler;
+use crate::residency::MemoryPlan;
 use flatrun_format::StorageBackend;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::tokenizer::Tokenizer;
@@ -26,6 +27,24 @@ pub struct Model {
     template: std::result::Result<ChatTemplate, String>,
     /// A smaller model with the same vocabulary, for speculative decoding.
     pub(crate) draft: Option<Box<Model>>,
+    memory_plan: MemoryPlan,
+}
+
+/// The residency a load with no explicit policy should use for the model at
+/// `path` with the rest of `opts`: planned from the memory the process really
+/// has (inside a memory cgroup, its limit less its usage; see
+/// [`MemoryPlan::default_residency`]). Reads only the checkpoint's header.
+pub fn default_residency(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Residency> {
+    let checkpoint = Checkpoint::open(path.as_ref())?;
+    let mut cfg = checkpoint.config()?;
+    let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
+    cfg.vocab_size = manifest.vocab_size();
+    Ok(MemoryPlan::default_residency(
+        &cfg,
+        &manifest,
+        opts,
+        crate::memory::memory_headroom(),
+    ))
 }
 
 impl Model {
@@ -48,6 +67,9 @@ impl Model {
         let backend: Arc<dyn StorageBackend> = Arc::from(checkpoint.into_backend());
         let manifest = Manifest::build(&cfg, backend.tensors())?;
         cfg.vocab_size = manifest.vocab_size();
+        // Refuse a plan that cannot fit before anything is read.
+        let memory_plan = MemoryPlan::new(&cfg, &manifest, &opts, crate::memory::memory_headroom());
+        memory_plan.check()?;
         if let Some(n) = opts.threads {
             flatrun_kernels::set_threads(n);
         }
@@ -59,7 +81,13 @@ impl Model {
             tokenizer,
             template,
             draft: None,
+            memory_plan,
         })
+    }
+
+    /// The memory plan the model was loaded with (checked before loading).
+    pub fn memory_plan(&self) -> &MemoryPlan {
+        &self.memory_plan
     }
 
     /// Attach `draft` as this model's draft model for speculative decoding
@@ -148,6 +176,45 @@ impl Model {
         self.tokenizer()?
             .encode(text, add_special, true)
             .map_err(|e| RuntimeError::Tokenizer(e.to_string()))
+    }
+
+    /// Render `messages` (ending with the assistant's turn opened) and
+    /// tokenize them so that at most `room` tokens remain; returns the kept
+    /// messages, their tokens and how many messages were dropped. With
+    /// [`ContextOverflow::TruncateMiddle`], the oldest messages that are not
+    /// system messages are dropped first (never the last one); with
+    /// [`ContextOverflow::Error`], or when even the system messages and the
+    /// last message do not fit, a [`RuntimeError::ContextOverflow`].
+    pub fn fit_conversation(
+        &self,
+        messages: &[ChatMessage],
+        room: usize,
+        policy: ContextOverflow,
+    ) -> Result<(Vec<ChatMessage>, Vec<u32>, usize)> {
+        let mut kept = messages.to_vec();
+        loop {
+            let tokens = self.encode(&self.apply_chat_template(&kept, true)?, true)?;
+            if tokens.len() <= room {
+                let dropped = messages.len() - kept.len();
+                return Ok((kept, tokens, dropped));
+            }
+            let droppable = kept
+                .iter()
+                .take(kept.len().saturating_sub(1))
+                .position(|m| m.role != "system");
+            match (policy, droppable) {
+                (ContextOverflow::TruncateMiddle, Some(i)) => {
+                    kept.remove(i);
+                }
+                _ => {
+                    return Err(RuntimeError::ContextOverflow {
+                        used: 0,
+                        new: tokens.len(),
+                        capacity: room,
+                    });
+                }
+            }
+        }
     }
 
     /// Detokenize `ids`.

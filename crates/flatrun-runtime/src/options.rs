@@ -98,23 +98,86 @@ pub fn parse_size(s: &str) -> Result<u64> {
     Ok((value * mult as f64) as u64)
 }
 
-/// How the KV cache stores keys and values.
+/// How the KV cache stores keys or values (llama.cpp's `-ctk`/`-ctv`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KvType {
     #[default]
     F16,
     F32,
+    /// Blocks of 32 values as `d · q`, `q` 8-bit (34 bytes per block).
+    Q8_0,
+    /// Blocks of 32 values as `d · (q − 8)`, `q` 4-bit (18 bytes per block).
+    Q4_0,
+}
+
+impl KvType {
+    /// Bytes of `n` values (`n` a multiple of 32 for the block types).
+    pub fn bytes(self, n: usize) -> usize {
+        match self {
+            KvType::F16 => n * 2,
+            KvType::F32 => n * 4,
+            KvType::Q8_0 => n.div_ceil(32) * 34,
+            KvType::Q4_0 => n.div_ceil(32) * 18,
+        }
+    }
+    /// Whether values are stored in blocks of 32 (a head must be whole blocks).
+    pub fn is_block(self) -> bool {
+        matches!(self, KvType::Q8_0 | KvType::Q4_0)
+    }
+    /// The name the flag takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F16 => "f16",
+            KvType::F32 => "f32",
+            KvType::Q8_0 => "q8_0",
+            KvType::Q4_0 => "q4_0",
+        }
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl FromStr for KvType {
     type Err = RuntimeError;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
+        match s.to_ascii_lowercase().as_str() {
             "f16" => Ok(KvType::F16),
             "f32" => Ok(KvType::F32),
+            "q8_0" => Ok(KvType::Q8_0),
+            "q4_0" => Ok(KvType::Q4_0),
             other => Err(RuntimeError::Option {
                 option: "kv-type",
-                what: format!("`{other}` (expected f16 or f32)"),
+                what: format!("`{other}` (expected f32, f16, q8_0 or q4_0)"),
+            }),
+        }
+    }
+}
+
+/// What a conversation longer than the context becomes
+/// ([`crate::Model::fit_conversation`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextOverflow {
+    /// Refuse it ([`RuntimeError::ContextOverflow`]).
+    #[default]
+    Error,
+    /// Keep the system messages and the newest turns: drop the oldest other
+    /// messages until the rendered conversation fits.
+    TruncateMiddle,
+}
+
+impl FromStr for ContextOverflow {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "error" => Ok(ContextOverflow::Error),
+            "truncate-middle" => Ok(ContextOverflow::TruncateMiddle),
+            other => Err(RuntimeError::Option {
+                option: "context-overflow",
+                what: format!("`{other}` (expected error or truncate-middle)"),
             }),
         }
     }
@@ -188,10 +251,17 @@ pub struct LoadOptions {
     pub residency: Residency,
     /// Read-ahead of upcoming layers.
     pub prefetch: Prefetch,
-    /// Context size in tokens per sequence (`None`: min(4096, trained)).
+    /// Context size in tokens per sequence (`None`: the model's trained
+    /// context, see [`crate::MemoryPlan`]).
     pub ctx: Option<usize>,
-    /// KV cache element type.
+    /// KV cache element type of the keys, and of the values unless
+    /// `kv_type_v` says otherwise.
     pub kv_type: KvType,
+    /// KV cache element type of the values (`None`: `kv_type`).
+    pub kv_type_v: Option<KvType>,
+    /// Where a streamed KV cache (`Stream` and `Cap` residency) keeps its
+    /// file (`None`: an unnamed temporary file).
+    pub kv_file: Option<std::path::PathBuf>,
     /// Largest number of tokens pushed through a layer at once; longer
     /// prompts are split (this also sizes sliding-window ring buffers).
     pub max_batch: usize,
@@ -212,6 +282,13 @@ pub struct LoadOptions {
     pub stream_reads: StreamReads,
 }
 
+impl LoadOptions {
+    /// The element types of the keys and of the values.
+    pub fn kv_types(&self) -> (KvType, KvType) {
+        (self.kv_type, self.kv_type_v.unwrap_or(self.kv_type))
+    }
+}
+
 impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
@@ -221,6 +298,8 @@ impl Default for LoadOptions {
             prefetch: Prefetch::default(),
             ctx: None,
             kv_type: KvType::F16,
+            kv_type_v: None,
+            kv_file: None,
             max_batch: 512,
             profile: false,
             trace_memory: false,

@@ -1,8 +1,11 @@
 //! Which weights stay resident: the plan a [`crate::Residency`] policy makes
-//! over the manifest.
+//! over the manifest; and the memory plan of a whole load (weights, KV
+//! cache, buffers) checked before anything is read.
 
-use crate::options::Residency;
-use flatrun_model::Manifest;
+use crate::error::{Result, RuntimeError};
+use crate::kv_cache::KvCache;
+use crate::options::{KvType, LoadOptions, Prefetch, Residency};
+use flatrun_model::{Manifest, ModelConfig};
 
 /// Per-layer (and output-head) decision: keep resident or stream.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -133,5 +136,293 @@ impl ResidencyPlan {
     /// Whether layer `i` is kept resident.
     pub fn is_resident(&self, i: usize) -> bool {
         self.resident.get(i).copied().unwrap_or(false)
+    }
+}
+
+/// Context size used when a checkpoint does not say its trained context.
+pub const FALLBACK_CONTEXT: usize = 4096;
+
+/// Share of the headroom the default residency lets the model plan for
+/// when everything (weights and the whole cache) stays resident; above it
+/// the default streams.
+const RESIDENT_SHARE: f64 = 0.6;
+/// Share of the headroom a default cap gives the weights (kept layers and
+/// read buffers): the rest is left for the work buffers, the allocator and
+/// the cache pages in flight. (Qwen2.5-Coder-0.5B in a 234 MB cgroup decodes
+/// fastest with a cap near 85% of it.)
+const CAP_SHARE: f64 = 0.9;
+
+/// What a model will hold in memory with some [`LoadOptions`], worked out
+/// from the manifest before any weight is read: weights kept resident,
+/// read buffers of what streams, the KV cache at the context size (and how
+/// much of it is in memory at once), and the work buffers of a step. The
+/// executor loads only a plan that fits ([`MemoryPlan::check`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The residency policy planned for.
+    pub residency: Residency,
+    /// Context size in tokens (the model's trained context unless lowered).
+    pub ctx: usize,
+    /// Element types of keys and values.
+    pub kv_types: (KvType, KvType),
+    /// Bytes of one sequence's whole KV cache at `ctx`.
+    pub kv_bytes: u64,
+    /// The cache lives in a file mapping, a layer at a time in memory
+    /// (stream and cap residency), rather than in anonymous memory.
+    pub kv_streamed: bool,
+    /// Bytes of the cache mapped at once: all of it, or when streamed the
+    /// two largest layers (the one running and the one read ahead).
+    pub kv_in_memory_bytes: u64,
+    /// Weight bytes kept resident.
+    pub resident_weight_bytes: u64,
+    /// Weight bytes read per token.
+    pub streamed_bytes_per_token: u64,
+    /// Read buffers of streamed weights.
+    pub stream_buffer_bytes: u64,
+    /// Activations and scratch of one step of `max_batch` tokens, logits.
+    pub work_bytes: u64,
+    /// The estimated peak: the sum of the above that are in memory at once.
+    pub peak_bytes: u64,
+    /// What the process may still fill ([`crate::memory::memory_headroom`]),
+    /// when known.
+    pub headroom: Option<u64>,
+    /// Head size (quantized caches need whole blocks of 32 per head).
+    head_dim: usize,
+}
+
+/// The context a model runs at: `opts.ctx`, else its trained context.
+pub fn context_size(cfg: &ModelConfig, opts: &LoadOptions) -> usize {
+    match (opts.ctx, cfg.context_length) {
+        (Some(n), _) => n.max(1),
+        (None, 0) => FALLBACK_CONTEXT,
+        (None, n) => n,
+    }
+}
+
+/// Read-ahead depth of the options' prefetch.
+fn read_depth(opts: &LoadOptions) -> usize {
+    match opts.prefetch {
+        Prefetch::Ahead { depth } => depth,
+        Prefetch::Off => 0,
+    }
+}
+
+impl MemoryPlan {
+    /// Plan `opts` for a model of `cfg` and `manifest`, with `headroom`
+    /// bytes of memory left to the process (`None`: unknown).
+    pub fn new(
+        cfg: &ModelConfig,
+        manifest: &Manifest,
+        opts: &LoadOptions,
+        headroom: Option<u64>,
+    ) -> MemoryPlan {
+        let ctx = context_size(cfg, opts);
+        let kv_types = opts.kv_types();
+        let layers =
+            KvCache::planned_layer_bytes(cfg, ctx, opts.max_batch.max(1), kv_types.0, kv_types.1);
+        let kv_bytes: u64 = layers.iter().sum();
+        let kv_streamed = !matches!(opts.residency, Residency::Resident);
+        let kv_in_memory_bytes = if kv_streamed {
+            let mut sorted = layers.clone();
+            sorted.sort_unstable_by(|a, b| b.cmp(a));
+            sorted.iter().take(2).sum()
+        } else {
+            kv_bytes
+        };
+        let depth = read_depth(opts).max(1) as u64;
+        let largest = manifest.largest_layer_bytes();
+        let weights = ResidencyPlan::with_stream_buffers(
+            opts.residency,
+            manifest,
+            depth as usize,
+            largest.min(4 << 20),
+        );
+        let stream_buffer_bytes = match opts.residency {
+            Residency::Resident => 0,
+            // Row chunks in flight, and one chunk of the head.
+            Residency::Stream => (depth + 2) * opts.stream_chunk_bytes as u64,
+            Residency::Cap(_) | Residency::Custom(_) => {
+                if weights.resident.iter().all(|&r| r) {
+                    0
+                } else {
+                    (depth + 1) * largest
+                }
+            }
+        };
+        let work_bytes = work_bytes(cfg, opts.max_batch.max(1), manifest.vocab_size());
+        let peak_bytes =
+            weights.resident_bytes + stream_buffer_bytes + kv_in_memory_bytes + work_bytes;
+        MemoryPlan {
+            residency: opts.residency,
+            ctx,
+            kv_types,
+            kv_bytes,
+            kv_streamed,
+            kv_in_memory_bytes,
+            resident_weight_bytes: weights.resident_bytes,
+            streamed_bytes_per_token: weights.streamed_bytes_per_token,
+            stream_buffer_bytes,
+            work_bytes,
+            peak_bytes,
+            headroom,
+            head_dim: cfg.head_dim,
+        }
+    }
+
+    /// The residency a user who passes no flag gets: everything resident
+    /// when the weights, the whole cache and the work buffers take at most
+    /// 60% of the headroom (inside a memory cgroup, its limit less its
+    /// usage: see [`crate::memory::memory_headroom`]); else a cap of 90% of
+    /// the headroom, with the cache streamed from its file (whose pages,
+    /// like the kept weights', are file pages the kernel can write back and
+    /// reclaim, so a long context slows down rather than fails); stream mode
+    /// when the cap would not hold the layers in flight. Resident when the
+    /// headroom is unknown.
+    pub fn default_residency(
+        cfg: &ModelConfig,
+        manifest: &Manifest,
+        opts: &LoadOptions,
+        headroom: Option<u64>,
+    ) -> Residency {
+        let Some(headroom) = headroom else {
+            return Residency::Resident;
+        };
+        let resident = MemoryPlan::new(
+            cfg,
+            manifest,
+            &LoadOptions {
+                residency: Residency::Resident,
+                ..opts.clone()
+            },
+            Some(headroom),
+        );
+        if resident.peak_bytes as f64 <= headroom as f64 * RESIDENT_SHARE {
+            return Residency::Resident;
+        }
+        let cap = (headroom as f64 * CAP_SHARE) as u64;
+        let in_flight = (read_depth(opts).max(1) as u64 + 1) * manifest.largest_layer_bytes();
+        if cap <= in_flight {
+            Residency::Stream
+        } else {
+            Residency::Cap(cap)
+        }
+    }
+
+    /// An error, before anything is read, when the plan cannot work: a
+    /// quantized cache whose heads are not whole blocks, a cap below the
+    /// read buffers it must hold, or more than the memory left to the
+    /// process in what must stay in memory: the kept weights, the read
+    /// buffers and an anonymous (resident) cache. (The work buffers are
+    /// sized for the largest batch and a streamed cache's pages are file
+    /// pages the kernel reclaims; both count in the peak shown, not here.)
+    /// The message says what would fit.
+    pub fn check(&self) -> Result<()> {
+        let refuse = |what: String| Err(RuntimeError::MemoryPlan(what));
+        for kind in [self.kv_types.0, self.kv_types.1] {
+            if kind.is_block() && !self.head_dim.is_multiple_of(32) {
+                return refuse(format!(
+                    "a {kind} KV cache needs heads of a multiple of 32 values; this model's have {} \
+                     (use --kv-type f16)",
+                    self.head_dim
+                ));
+            }
+        }
+        if let Residency::Cap(cap) = self.residency
+            && self.stream_buffer_bytes > cap
+        {
+            return refuse(format!(
+                "cap={} cannot hold the {} of read buffers that streaming needs (the layers in flight); \
+                 use a larger cap or --residency stream",
+                human(cap),
+                human(self.stream_buffer_bytes)
+            ));
+        }
+        let must_fit = self.resident_weight_bytes
+            + self.stream_buffer_bytes
+            + if self.kv_streamed { 0 } else { self.kv_bytes };
+        if let Some(headroom) = self.headroom
+            && must_fit > headroom
+        {
+            let kv_hint = if self.kv_streamed {
+                String::new()
+            } else {
+                format!(
+                    "; the KV cache alone is {} at {} tokens: lower --ctx, use --kv-type q8_0, \
+                     or --residency stream (which streams the cache from a file)",
+                    human(self.kv_bytes),
+                    self.ctx
+                )
+            };
+            return refuse(format!(
+                "this plan keeps {} in memory (weights {}, read buffers {}, KV cache {}; work buffers {} more) \
+                 but only {} is available{kv_hint}",
+                human(must_fit),
+                human(self.resident_weight_bytes),
+                human(self.stream_buffer_bytes),
+                human(if self.kv_streamed { 0 } else { self.kv_bytes }),
+                human(self.work_bytes),
+                human(headroom),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The plan in a few lines, as `run -v` and `inspect` print it.
+    pub fn summary(&self) -> String {
+        let kv = if self.kv_streamed {
+            format!(
+                "{} at {} tokens, {}/{} (streamed from a file: {} in memory)",
+                human(self.kv_bytes),
+                self.ctx,
+                self.kv_types.0,
+                self.kv_types.1,
+                human(self.kv_in_memory_bytes)
+            )
+        } else {
+            format!(
+                "{} at {} tokens, {}/{} (in memory, filled as the context grows)",
+                human(self.kv_bytes),
+                self.ctx,
+                self.kv_types.0,
+                self.kv_types.1
+            )
+        };
+        let headroom = match self.headroom {
+            Some(h) => format!(" of {} available", human(h)),
+            None => String::new(),
+        };
+        format!(
+            "weights:   {} resident, {} streamed per token, {} read buffers\n\
+             kv cache:  {kv}\n\
+             peak:      about {} with the context full{headroom} (work buffers {})",
+            human(self.resident_weight_bytes),
+            human(self.streamed_bytes_per_token),
+            human(self.stream_buffer_bytes),
+            human(self.peak_bytes),
+            human(self.work_bytes),
+        )
+    }
+}
+
+/// Activations and scratch of a step of `batch` tokens (hidden states,
+/// projections, FFN intermediates), and two rows of logits.
+fn work_bytes(cfg: &ModelConfig, batch: usize, vocab: usize) -> u64 {
+    let per_token = 4 * cfg.n_embd + 2 * cfg.n_ff + cfg.q_dim() + 2 * cfg.kv_dim();
+    ((batch * per_token + 2 * vocab) * 4) as u64
+}
+
+/// Bytes in binary units, for messages.
+fn human(bytes: u64) -> String {
+    let mut value = bytes as f64;
+    let mut unit = 0;
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{value:.1} {}", UNITS[unit])
     }
 }

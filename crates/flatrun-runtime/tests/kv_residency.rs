@@ -3,7 +3,9 @@
 use flatrun_model::arch::LayerKv;
 use flatrun_model::manifest::{LayerEntry, TensorEntry};
 use flatrun_model::{Manifest, ModelConfig, ModelError};
-use flatrun_runtime::{KvCache, KvType, Residency, ResidencyPlan};
+use flatrun_runtime::{
+    KvBacking, KvCache, KvLayout, KvType, LoadOptions, MemoryPlan, Residency, ResidencyPlan,
+};
 
 fn gemma_like() -> ModelConfig {
     ModelConfig::from_hf_json(&serde_json::json!({
@@ -130,4 +132,181 @@ fn cap_gives_what_is_left_to_the_first_rows_of_a_head_that_does_not_fit() {
     let kept = ResidencyPlan::new(Residency::Cap(75), &manifest(&[10, 30, 20, 30], 50));
     assert!(kept.output_resident);
     assert_eq!(kept.output_kept_bytes, 0);
+}
+
+/// A Qwen2.5-0.5B-shaped config (24 layers, 2 KV heads of 64, 32k context).
+fn qwen_like(head_dim: usize) -> ModelConfig {
+    ModelConfig::from_hf_json(&serde_json::json!({
+        "model_type": "qwen2", "num_hidden_layers": 24, "hidden_size": 896, "intermediate_size": 4864,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "head_dim": head_dim,
+        "max_position_embeddings": 32768, "vocab_size": 151936
+    }))
+    .unwrap()
+}
+
+#[test]
+fn quantized_caches_take_their_block_sizes() {
+    let cfg = qwen_like(64);
+    let bytes = |t| KvCache::new(&cfg, 64, 8, t).bytes();
+    let values = 24 * 64 * cfg.kv_dim() * 2;
+    assert_eq!(bytes(KvType::F32), values * 4);
+    assert_eq!(bytes(KvType::F16), values * 2);
+    assert_eq!(bytes(KvType::Q8_0), values / 32 * 34);
+    assert_eq!(bytes(KvType::Q4_0), values / 32 * 18);
+    assert_eq!("Q8_0".parse::<KvType>().unwrap(), KvType::Q8_0);
+    assert!("q5_1".parse::<KvType>().is_err());
+}
+
+/// Write the same rows into two caches of `layout`s and compare every layer's bytes.
+fn same_contents(a: &mut KvCache, b: &mut KvCache, cfg: &ModelConfig, positions: usize) {
+    let d = cfg.kv_dim();
+    for il in 0..cfg.n_layer {
+        for pos in 0..positions {
+            let k: Vec<f32> = (0..d)
+                .map(|i| ((pos * 31 + i * 7 + il) % 97) as f32 / 9.0 - 5.0)
+                .collect();
+            let v: Vec<f32> = k.iter().map(|x| -x * 0.5).collect();
+            a.layer_mut(il).unwrap().write(&[pos], &k, &v).unwrap();
+            b.layer_mut(il).unwrap().write(&[pos], &k, &v).unwrap();
+        }
+        // Streamed caches drop a layer's pages after use; the data stays.
+        a.release_layer(il);
+        b.release_layer(il);
+    }
+    for il in 0..cfg.n_layer {
+        a.prefetch_layer(il);
+        let (la, lb) = (a.layer_mut(il).unwrap(), b.layer_mut(il).unwrap());
+        assert_eq!(la.slot_positions(), lb.slot_positions());
+        assert_eq!(format!("{:?}", la.keys()), format!("{:?}", lb.keys()));
+        assert_eq!(format!("{:?}", la.values()), format!("{:?}", lb.values()));
+    }
+}
+
+#[test]
+fn a_file_backed_cache_holds_what_an_anonymous_one_does() {
+    let cfg = gemma_like();
+    for kind in [KvType::F32, KvType::F16] {
+        let mut anon = KvCache::new(&cfg, 32, 4, kind);
+        let dir = tempfile::tempdir().unwrap();
+        let layout = KvLayout {
+            backing: KvBacking::File(Some(dir.path().join("cache"))),
+            ..KvLayout::plain(kind)
+        };
+        let mut file = KvCache::with_layout(&cfg, 32, 4, &layout);
+        assert!(file.is_file_backed() && !anon.is_file_backed());
+        same_contents(&mut file, &mut anon, &cfg, 20);
+        // The file is unlinked at once: nothing is left in the directory.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+    let cfg = qwen_like(64);
+    for kind in [KvType::Q8_0, KvType::Q4_0] {
+        let mut anon = KvCache::new(&cfg, 40, 4, kind);
+        let layout = KvLayout {
+            backing: KvBacking::File(None),
+            ..KvLayout::plain(kind)
+        };
+        let mut file = KvCache::with_layout(&cfg, 40, 4, &layout);
+        same_contents(&mut file, &mut anon, &cfg, 33);
+        // Truncation forgets positions, whatever the type.
+        file.truncate(10);
+        let held = file.layer_mut(3).unwrap().slot_positions();
+        assert!(held.iter().all(|&p| p == usize::MAX || p < 10));
+    }
+}
+
+/// A manifest of `n` layers of `layer` bytes and a head of `head` bytes.
+fn uniform(n: usize, layer: u64, head: u64) -> Manifest {
+    manifest(&vec![layer; n], head)
+}
+
+#[test]
+fn memory_plan_counts_the_full_context_and_refuses_what_cannot_fit() {
+    let cfg = qwen_like(64);
+    let m = uniform(24, 10 << 20, 130 << 20);
+    let opts = LoadOptions::default();
+    // The full trained context by default.
+    let plan = MemoryPlan::new(&cfg, &m, &opts, Some(64 << 30));
+    assert_eq!(plan.ctx, 32768);
+    assert_eq!(plan.kv_bytes, 384 << 20);
+    assert!(!plan.kv_streamed);
+    assert_eq!(plan.kv_in_memory_bytes, plan.kv_bytes);
+    assert!(plan.check().is_ok());
+    assert!(plan.summary().contains("32768 tokens"));
+    // Resident in 500 MiB: weights 370 MiB + KV 384 MiB do not fit.
+    let tight = MemoryPlan::new(&cfg, &m, &opts, Some(500 << 20));
+    let err = tight.check().unwrap_err().to_string();
+    assert!(err.contains("--ctx") && err.contains("available"), "{err}");
+    // A lower context fits.
+    let short = LoadOptions {
+        ctx: Some(4096),
+        ..opts.clone()
+    };
+    assert!(
+        MemoryPlan::new(&cfg, &m, &short, Some(500 << 20))
+            .check()
+            .is_ok()
+    );
+    // Streamed, only two layers of the cache are in memory.
+    let stream = LoadOptions {
+        residency: Residency::Stream,
+        ..opts.clone()
+    };
+    let plan = MemoryPlan::new(&cfg, &m, &stream, Some(500 << 20));
+    assert!(plan.kv_streamed);
+    assert_eq!(plan.kv_in_memory_bytes, 2 * (16 << 20));
+    assert!(plan.check().is_ok());
+    // A cap below the read buffers is refused.
+    let small_cap = LoadOptions {
+        residency: Residency::Cap(5 << 20),
+        ..opts.clone()
+    };
+    assert!(MemoryPlan::new(&cfg, &m, &small_cap, None).check().is_err());
+    // A quantized cache needs whole blocks per head.
+    let odd = LoadOptions {
+        kv_type: KvType::Q8_0,
+        ..opts.clone()
+    };
+    assert!(
+        MemoryPlan::new(&qwen_like(40), &m, &odd, None)
+            .check()
+            .is_err()
+    );
+    assert!(MemoryPlan::new(&cfg, &m, &odd, None).check().is_ok());
+}
+
+#[test]
+fn default_residency_plans_from_the_headroom() {
+    let cfg = qwen_like(64);
+    // Qwen2.5-0.5B-like: 24 × 10 MiB layers, a 130 MiB head (370 MiB).
+    let m = uniform(24, 10 << 20, 130 << 20);
+    let opts = LoadOptions::default();
+    assert_eq!(
+        MemoryPlan::default_residency(&cfg, &m, &opts, None),
+        Residency::Resident
+    );
+    assert_eq!(
+        MemoryPlan::default_residency(&cfg, &m, &opts, Some(8 << 30)),
+        Residency::Resident
+    );
+    // A 234 MB memory cgroup: a cap of what fits, well above half of it.
+    let Residency::Cap(cap) = MemoryPlan::default_residency(&cfg, &m, &opts, Some(234_000_000))
+    else {
+        panic!("expected a cap");
+    };
+    assert!(cap > 140 << 20 && cap < 234_000_000, "{cap}");
+    let plan = MemoryPlan::new(
+        &cfg,
+        &m,
+        &LoadOptions {
+            residency: Residency::Cap(cap),
+            ..opts.clone()
+        },
+        Some(234_000_000),
+    );
+    assert!(plan.check().is_ok(), "{:?}", plan.check());
+    // Hardly any memory: stream.
+    assert_eq!(
+        MemoryPlan::default_residency(&cfg, &m, &opts, Some(20 << 20)),
+        Residency::Stream
+    );
 }

@@ -1,6 +1,13 @@
-//! Causal grouped-query attention over an f32 or f16 KV cache.
+//! Causal grouped-query attention over an f32, f16 or block-quantized
+//! (`q8_0`, `q4_0`) KV cache. Quantized keys are read as llama.cpp's
+//! flash attention reads them: the query is quantized once to Q8_0 blocks
+//! and each score is an integer dot product per block, scaled by the two
+//! blocks' scales; quantized values are decoded a row at a time into the
+//! weighted sum. No cache row is ever converted as a whole.
 
 use std::cell::RefCell;
+
+use crate::native::quantize::{BlockQ8, QK8, quantize_q8};
 
 use half::f16;
 use half::slice::HalfFloatSliceExt;
@@ -12,14 +19,41 @@ use super::softmax::{ggml_expf, reduce8, reduce32};
 pub enum KvSlice<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    /// ggml Q8_0 blocks (f16 scale, 32 × i8), 34 bytes per 32 values.
+    Q8_0(&'a [u8]),
+    /// ggml Q4_0 blocks (f16 scale, 32 × 4-bit), 18 bytes per 32 values.
+    Q4_0(&'a [u8]),
 }
+
+/// Bytes of one Q8_0 block.
+const Q8_0_BYTES: usize = 34;
+/// Bytes of one Q4_0 block.
+const Q4_0_BYTES: usize = 18;
 
 impl KvSlice<'_> {
     fn len(&self) -> usize {
         match self {
             KvSlice::F32(s) => s.len(),
             KvSlice::F16(s) => s.len(),
+            KvSlice::Q8_0(b) => b.len() / Q8_0_BYTES * QK8,
+            KvSlice::Q4_0(b) => b.len() / Q4_0_BYTES * QK8,
         }
+    }
+
+    /// Whether values are stored in blocks of 32.
+    fn is_blocks(&self) -> bool {
+        matches!(self, KvSlice::Q8_0(_) | KvSlice::Q4_0(_))
+    }
+
+    /// The blocks holding values `off..off + n` (`off` and `n` multiples of 32).
+    fn blocks(&self, off: usize, n: usize) -> &[u8] {
+        let (b, size) = match self {
+            KvSlice::Q8_0(b) => (b, Q8_0_BYTES),
+            KvSlice::Q4_0(b) => (b, Q4_0_BYTES),
+            KvSlice::F32(_) | KvSlice::F16(_) => return &[],
+        };
+        let (start, end) = (off / QK8 * size, (off + n) / QK8 * size);
+        b.get(start..end).unwrap_or(&[])
     }
 
     /// `x` as this cache's element type would hold it: rounded through f16
@@ -28,7 +62,7 @@ impl KvSlice<'_> {
     #[inline]
     fn round(&self, x: f32) -> f32 {
         match self {
-            KvSlice::F32(_) => x,
+            KvSlice::F32(_) | KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => x,
             KvSlice::F16(_) => f16::from_f32(x).to_f32(),
         }
     }
@@ -37,7 +71,7 @@ impl KvSlice<'_> {
     /// piece at a time, which `half` vectorizes; the same round-to-nearest-even values).
     fn round_into(&self, x: &[f32], out: &mut Vec<f32>) {
         match self {
-            KvSlice::F32(_) => out.extend_from_slice(x),
+            KvSlice::F32(_) | KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => out.extend_from_slice(x),
             KvSlice::F16(_) => {
                 let mut halves = [f16::ZERO; 64];
                 let mut floats = [0f32; 64];
@@ -58,6 +92,10 @@ impl KvSlice<'_> {
             KvSlice::F32(s) => &s[off..off + n],
             KvSlice::F16(s) => {
                 s[off..off + n].convert_to_f32_slice(&mut buf[..n]);
+                &buf[..n]
+            }
+            KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => {
+                decode_blocks(self, self.blocks(off, n), &mut buf[..n]);
                 &buf[..n]
             }
         }
@@ -87,6 +125,85 @@ impl KvSlice<'_> {
         }
         axpy(p, self.row(off, acc.len(), buf), acc)
     }
+}
+
+/// Decode the Q8_0 or Q4_0 blocks `b` into `out` (`32 × blocks` values).
+fn decode_blocks(kind: &KvSlice, b: &[u8], out: &mut [f32]) {
+    match kind {
+        KvSlice::Q8_0(_) => {
+            for (blk, o) in b.chunks_exact(Q8_0_BYTES).zip(out.chunks_exact_mut(QK8)) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                for (x, &q) in o.iter_mut().zip(&blk[2..]) {
+                    *x = d * (q as i8) as f32;
+                }
+            }
+        }
+        KvSlice::Q4_0(_) => {
+            for (blk, o) in b.chunks_exact(Q4_0_BYTES).zip(out.chunks_exact_mut(QK8)) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                for (j, &q) in blk[2..].iter().enumerate() {
+                    o[j] = d * ((q & 0x0f) as i32 - 8) as f32;
+                    o[j + 16] = d * ((q >> 4) as i32 - 8) as f32;
+                }
+            }
+        }
+        KvSlice::F32(_) | KvSlice::F16(_) => {}
+    }
+}
+
+/// `Σ_b d_k[b] · d_q[b] · Σ_i k[b,i] · q[b,i]` of quantized key blocks `k`
+/// (Q8_0 or Q4_0) with a query quantized to Q8 blocks: ggml's
+/// `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0`. Integer sums are exact, so the
+/// vectorized build gives the scalar one's result bit for bit.
+#[inline(always)]
+fn block_dot_body(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
+    let mut sum = 0f32;
+    match kind {
+        KvSlice::Q8_0(_) => {
+            for (blk, qb) in k.chunks_exact(Q8_0_BYTES).zip(q) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let mut sumi = 0i32;
+                for (&x, &y) in blk[2..].iter().zip(&qb.qs) {
+                    sumi += (x as i8) as i32 * y as i32;
+                }
+                sum += d * qb.d * sumi as f32;
+            }
+        }
+        KvSlice::Q4_0(_) => {
+            for (blk, qb) in k.chunks_exact(Q4_0_BYTES).zip(q) {
+                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
+                let mut sumi = 0i32;
+                for (j, &x) in blk[2..].iter().enumerate() {
+                    sumi += ((x & 0x0f) as i32 - 8) * qb.qs[j] as i32
+                        + ((x >> 4) as i32 - 8) * qb.qs[j + 16] as i32;
+                }
+                sum += d * qb.d * sumi as f32;
+            }
+        }
+        KvSlice::F32(_) | KvSlice::F16(_) => {}
+    }
+    sum
+}
+
+/// [`block_dot_body`] compiled for AVX2 (the integer loops vectorize).
+///
+/// # Safety
+/// The host must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn block_dot_avx2(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
+    block_dot_body(kind, k, q)
+}
+
+/// Quantized keys `k` against a Q8 query: vectorized where the host can.
+#[inline]
+fn block_dot(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if super::softmax::avx2_available() {
+        // SAFETY: the host has AVX2.
+        return unsafe { block_dot_avx2(kind, k, q) };
+    }
+    block_dot_body(kind, k, q)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -288,6 +405,8 @@ thread_local! {
     static WRITTEN: RefCell<Vec<usize>> = const { RefCell::new(Vec::new()) };
     /// Caller-side queries rounded to the keys' element type, reused across calls.
     static QUERIES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Caller-side queries quantized to Q8 blocks (quantized keys), reused across calls.
+    static QUERY_BLOCKS: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
     /// Per-worker partial sums of the weighted values, `lanes × head_dim`.
     static VALUE_LANES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
@@ -418,7 +537,9 @@ pub fn attention(
     out: &mut [f32],
 ) {
     let hd = cfg.head_dim;
-    if hd == 0 || cfg.n_head == 0 || cfg.n_kv_head == 0 {
+    // Block-quantized rows must hold whole heads.
+    let blocks = k.is_blocks() || v.is_blocks();
+    if hd == 0 || cfg.n_head == 0 || cfg.n_kv_head == 0 || (blocks && !hd.is_multiple_of(QK8)) {
         return;
     }
     let group = (cfg.n_head / cfg.n_kv_head).max(1);
@@ -440,6 +561,14 @@ pub fn attention(
     q_rounded.clear();
     k.round_into(&q[..n_tasks * hd], &mut q_rounded);
     let q = &q_rounded[..];
+    // Quantized keys: every query head as Q8 blocks, quantized once.
+    let mut q_quantized = QUERY_BLOCKS.with(|c| c.take());
+    q_quantized.clear();
+    if k.is_blocks() {
+        q_quantized.resize(q.len() / QK8, BlockQ8::default());
+        quantize_q8(&q[..q_quantized.len() * QK8], &mut q_quantized);
+    }
+    let q_blocks = &q_quantized[..];
     let order = if crate::call_order::order_tokens(n_q) > 1 {
         SumOrder::Batch
     } else {
@@ -475,6 +604,11 @@ pub fn attention(
                 let qk = match k {
                     KvSlice::F16(ks) => order.dot_f16(&ks[off..off + hd], qv, row),
                     KvSlice::F32(_) => k.dot_row(off, qv, row),
+                    KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => block_dot(
+                        &k,
+                        k.blocks(off, hd),
+                        &q_blocks[task * hd / QK8..(task + 1) * hd / QK8],
+                    ),
                 };
                 let mut x = qk * cfg.scale;
                 if let Some(cap) = cfg.softcap {
@@ -522,6 +656,7 @@ pub fn attention(
     }
     WRITTEN.with(|c| c.replace(written));
     QUERIES.with(|c| c.replace(q_rounded));
+    QUERY_BLOCKS.with(|c| c.replace(q_quantized));
 }
 
 /// `s = ggml_expf(s − max)` for every score (eight at a time on AVX2 hosts, same values).
@@ -629,6 +764,43 @@ mod tests {
         exp_shifted(&mut scores, 1.5);
         for (g, w) in scores.iter().zip(&want) {
             assert_eq!(g.to_bits(), w.to_bits());
+        }
+    }
+
+    #[test]
+    fn quantized_key_dots_equal_the_decoded_dots() {
+        use flatrun_format::GgmlType;
+        for (ty, seed) in [(GgmlType::Q8_0, 7u32), (GgmlType::Q4_0, 8)] {
+            let k = values(128, seed);
+            let q = values(128, seed + 50);
+            let bytes = flatrun_dequant::quantize_to_vec(ty, &k).unwrap();
+            let slice = match ty {
+                GgmlType::Q8_0 => KvSlice::Q8_0(&bytes),
+                _ => KvSlice::Q4_0(&bytes),
+            };
+            let mut qb = vec![BlockQ8::default(); 4];
+            quantize_q8(&q, &mut qb);
+            let q_decoded: Vec<f32> = qb
+                .iter()
+                .flat_map(|b| b.qs.iter().map(move |&x| b.d * x as f32))
+                .collect();
+            let mut decoded = vec![0f32; 128];
+            decode_blocks(&slice, &bytes, &mut decoded);
+            let want: f64 = decoded
+                .iter()
+                .zip(&q_decoded)
+                .map(|(a, b)| (*a as f64) * (*b as f64))
+                .sum();
+            let scalar = block_dot_body(&slice, &bytes, &qb);
+            let fast = block_dot(&slice, &bytes, &qb);
+            assert_eq!(scalar.to_bits(), fast.to_bits(), "{ty}");
+            assert!(
+                (scalar as f64 - want).abs() <= 1e-4 * want.abs().max(1.0),
+                "{ty}: {scalar} vs {want}"
+            );
+            // The decoded values are the quantizer's reconstruction.
+            let reference = flatrun_dequant::dequantize_to_vec(ty, &bytes).unwrap();
+            assert_eq!(decoded, reference, "{ty}");
         }
     }
 }
