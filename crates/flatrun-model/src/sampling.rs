@@ -31,12 +31,14 @@
 //! }
 //! ```
 
+mod constraint;
 mod finish;
 mod logprobs;
 mod rng;
 mod stop;
 mod weights;
 
+pub use constraint::{ConstraintFactory, TokenConstraint, Vocabulary};
 pub use finish::FinishReason;
 pub use logprobs::{TokenLogprobs, log_sum_exp, token_logprobs};
 pub use rng::Xoshiro256;
@@ -299,15 +301,27 @@ impl Sampler {
 }
 
 /// Sets the logit of every token not allowed by `mask` to `-inf`, unless
-/// that would leave no token at all.
+/// that would leave no token at all. When the model gives every allowed
+/// token `-inf` (a grammar demands what the model rules out), the allowed
+/// tokens become equally likely, so the grammar still holds.
 fn apply_mask(logits: &mut [f32], mask: &[u32]) {
     let allowed = |i: usize| mask.get(i / 32).is_some_and(|w| w >> (i % 32) & 1 == 1);
     if !(0..logits.len()).any(allowed) {
         return;
     }
+    let mut any_finite = false;
     for (i, logit) in logits.iter_mut().enumerate() {
         if !allowed(i) {
             *logit = f32::NEG_INFINITY;
+        } else if *logit > f32::NEG_INFINITY {
+            any_finite = true;
+        }
+    }
+    if !any_finite {
+        for (i, logit) in logits.iter_mut().enumerate() {
+            if allowed(i) {
+                *logit = 0.0;
+            }
         }
     }
 }

@@ -177,6 +177,12 @@ fn the_allowed_mask_restricts_every_mode() {
             assert!(t == 37 || t == 70, "{t}");
         }
     }
+    // Allowed tokens the model rules out (-inf) still win over the others.
+    let mut ruled_out = logits.clone();
+    ruled_out[37] = f32::NEG_INFINITY;
+    ruled_out[70] = f32::NEG_INFINITY;
+    let mut s = Sampler::new(SamplingParams::default());
+    assert_eq!(s.sample_allowed(&mut ruled_out, &[], Some(&mask)), 37);
     // A mask that allows nothing is ignored.
     let mut s = Sampler::new(SamplingParams::default());
     assert_eq!(s.sample_allowed(&mut logits.clone(), &[], Some(&[0; 4])), 0);
