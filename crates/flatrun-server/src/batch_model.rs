@@ -136,6 +136,12 @@ pub trait BatchModel: Send + 'static {
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Releases a sequence and its KV cache.
     fn free(&mut self, seq: SeqId);
+    /// The final-normed hidden state of every position of `tokens` run as a
+    /// fresh sequence (for embeddings); `None` when the model cannot.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let _ = tokens;
+        None
+    }
     /// Weight residency, if the model tracks it.
     fn residency(&self) -> Option<Residency> {
         None

@@ -39,6 +39,23 @@ pub struct GenerationRequest {
     pub constraint: Option<Arc<dyn ConstraintFactory>>,
 }
 
+/// Where an embedding arrives ([`Engine::embed`]).
+pub type EmbeddingReceiver = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
+
+/// Mean of `states`, L2-normalized (a zero vector stays zero).
+pub fn mean_pool_normalized(states: &[Vec<f32>]) -> Vec<f32> {
+    let dim = states.first().map_or(0, Vec::len);
+    let mut pooled = vec![0.0f64; dim];
+    for state in states {
+        for (p, &x) in pooled.iter_mut().zip(state) {
+            *p += x as f64;
+        }
+    }
+    let norm = pooled.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+    pooled.iter().map(|&x| (x * scale) as f32).collect()
+}
+
 /// Token counts of one finished generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
@@ -283,6 +300,15 @@ pub trait Engine: Send + Sync + 'static {
     /// grammars), when the model can give them.
     fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
         None
+    }
+    /// The embedding of `tokens`: the model's final hidden states, mean
+    /// pooled and L2-normalized, computed between generation steps. The
+    /// receiver gets the vector or why there is none.
+    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
+        let _ = tokens;
+        Err(EngineError::InvalidRequest(
+            "this model does not serve embeddings".to_string(),
+        ))
     }
     /// Starts a generation, or refuses it at once (queue full, too long).
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError>;

@@ -287,6 +287,19 @@ impl BatchModel for MockModel {
         Ok(id)
     }
 
+    /// Eight pseudo-random values per position, from the token and position.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        Some(Ok(tokens
+            .iter()
+            .enumerate()
+            .map(|(p, &t)| {
+                (0..8)
+                    .map(|k| noise(u64::from(t) * 8 + k, p as u64) - 0.5)
+                    .collect()
+            })
+            .collect()))
+    }
+
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
         // One "pass through the layers" for the whole batch.
         if !self.config.step_delay.is_zero() {

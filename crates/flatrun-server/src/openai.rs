@@ -35,7 +35,7 @@ use flatrun_model::sampling::{FinishReason, TokenLogprobs};
 const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
 
 /// The most choices one request may ask for.
-const MAX_N: u64 = 16;
+const MAX_N: u64 = 64;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -1235,4 +1235,125 @@ fn ok_events(
     events: impl Stream<Item = Event> + Send + 'static,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
     events.map(Ok)
+}
+
+/// `input` of an embeddings request: text(s) or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// The fields of `POST /v1/embeddings`.
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub input: EmbeddingInput,
+    #[serde(default)]
+    pub encoding_format: Option<String>,
+    /// Refused: the model's hidden size is the only one.
+    #[serde(default)]
+    pub dimensions: Option<u64>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// The most inputs one embeddings request may hold.
+const MAX_EMBEDDING_INPUTS: usize = 256;
+
+/// `POST /v1/embeddings`: the model's final-normed hidden states, mean
+/// pooled over the input's tokens and L2-normalized.
+pub async fn embeddings(State(state): State<AppState>, body: RawBody) -> Response {
+    match embeddings_inner(state, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn embeddings_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
+    use base64::Engine as _;
+    let engine = state.engine(FLAVOR)?;
+    let request: EmbeddingRequest = parse_json(FLAVOR, body)?;
+    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    if request.dimensions.is_some() {
+        return Err(unsupported(
+            "dimensions",
+            "embeddings have the model's hidden size and cannot be shortened",
+        ));
+    }
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("encoding_format must be float or base64, got `{other}`"),
+            ));
+        }
+    };
+    let inputs: Vec<Vec<u32>> = match request.input {
+        EmbeddingInput::Text(text) => vec![tokenize_input(engine.as_ref(), &text)?],
+        EmbeddingInput::Texts(texts) => texts
+            .iter()
+            .map(|t| tokenize_input(engine.as_ref(), t))
+            .collect::<Result<_, _>>()?,
+        EmbeddingInput::Tokens(tokens) => vec![tokens],
+        EmbeddingInput::TokenLists(lists) => lists,
+    };
+    if inputs.is_empty() || inputs.len() > MAX_EMBEDDING_INPUTS {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            format!(
+                "input must hold 1 to {MAX_EMBEDDING_INPUTS} items, got {}",
+                inputs.len()
+            ),
+        ));
+    }
+    let vocab = engine.vocab_size();
+    let mut data = Vec::with_capacity(inputs.len());
+    let mut tokens = 0;
+    for (index, input) in inputs.into_iter().enumerate() {
+        if let Some(vocab) = vocab
+            && let Some(&bad) = input.iter().find(|&&t| t as usize >= vocab)
+        {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!(
+                    "input[{index}]: token id {bad} is outside the vocabulary of {vocab} tokens"
+                ),
+            ));
+        }
+        tokens += input.len();
+        let receiver = engine
+            .embed(input)
+            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+        let vector = receiver
+            .await
+            .map_err(|_| internal("the engine dropped the embedding".into()))?
+            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+        let embedding = if base64 {
+            let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            json!(vector)
+        };
+        data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+    }
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+fn tokenize_input(engine: &dyn Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+    engine
+        .tokenize(text, true)
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))
 }

@@ -257,6 +257,29 @@ impl BatchModel for RuntimeBatchModel {
         self.sequences.remove(&seq);
     }
 
+    /// One position at a time through a fresh sequence, keeping each
+    /// position's final-normed hidden state.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let exec = self.model.executor_mut();
+        let mut seq = exec.new_sequence_with_capacity(tokens.len());
+        let options = StepOptions {
+            hidden: true,
+            ..StepOptions::default()
+        };
+        let mut states = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            let mut batch = [(&mut seq, std::slice::from_ref(token))];
+            match exec.step_batch(&mut batch, options) {
+                Ok(mut out) => match out.pop().and_then(|o| o.hidden) {
+                    Some(hidden) => states.push(hidden),
+                    None => return Some(Err(ModelError("no hidden state".into()))),
+                },
+                Err(e) => return Some(Err(ModelError(e.to_string()))),
+            }
+        }
+        Some(Ok(states))
+    }
+
     fn residency(&self) -> Option<Residency> {
         let exec = self.model.executor();
         Some(Residency {

@@ -28,8 +28,8 @@ use std::time::Instant;
 
 use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
 use crate::engine::{
-    Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationSink,
-    GenerationStream, Usage, generation_channel,
+    EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
+    GenerationSink, GenerationStream, Usage, generation_channel, mean_pool_normalized,
 };
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
@@ -68,7 +68,14 @@ struct Job {
 
 enum Command {
     Submit(Job),
+    Embed(EmbedJob),
     CancelAll,
+}
+
+/// An embedding to compute between steps.
+struct EmbedJob {
+    tokens: Vec<u32>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<f32>, EngineError>>,
 }
 
 /// Counters shared between the scheduler thread and the handlers.
@@ -276,6 +283,29 @@ impl Engine for BatchEngine {
         }
     }
 
+    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the input is empty (no tokens)".to_string(),
+            ));
+        }
+        if tokens.len() > self.text.context_length() {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context_length: self.text.context_length(),
+            });
+        }
+        let (reply, receiver) = tokio::sync::oneshot::channel();
+        if !self.send(Command::Embed(EmbedJob { tokens, reply })) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(receiver)
+    }
+
     fn shutdown(&self) {
         self.shared.shutting_down.store(true, Ordering::Release);
         self.send(Command::CancelAll);
@@ -427,6 +457,16 @@ impl<'t, M: BatchModel> Worker<'t, M> {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Submit(job) => self.waiting.push_back(job),
+            Command::Embed(job) => {
+                let result = match self.model.hidden_states(&job.tokens) {
+                    None => Err(EngineError::InvalidRequest(
+                        "this model does not serve embeddings".to_string(),
+                    )),
+                    Some(Err(e)) => Err(EngineError::Text(e.0)),
+                    Some(Ok(states)) => Ok(mean_pool_normalized(&states)),
+                };
+                let _ = job.reply.send(result);
+            }
             Command::CancelAll => self.fail_all("the server is shutting down"),
         }
     }

@@ -579,3 +579,68 @@ async fn sampling_fields_have_their_effect() {
     assert_ne!(&repeat[2..4], "ab", "{repeat}");
     server.wait_all_freed().await;
 }
+
+#[tokio::test]
+async fn embeddings_are_normalized_in_both_encodings() {
+    let server = TestServer::default().await;
+    let body = server
+        .post_json(
+            "/v1/embeddings",
+            &json!({"input": ["Hello", "Hello", "other"]}),
+        )
+        .await
+        .json();
+    assert_eq!(body["object"], "list", "{body}");
+    let data = body["data"].as_array().unwrap();
+    assert_eq!(data.len(), 3);
+    let vector = |i: usize| -> Vec<f64> {
+        data[i]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let norm: f64 = vector(0).iter().map(|x| x * x).sum::<f64>().sqrt();
+    assert!((norm - 1.0).abs() < 1e-5, "{norm}");
+    assert_eq!(vector(0), vector(1));
+    assert_ne!(vector(0), vector(2));
+    // "Hello" is BOS + 5 bytes in the mock: 6 tokens each, 12 + 6.
+    assert_eq!(body["usage"]["prompt_tokens"], 18);
+    let b64 = server
+        .post_json(
+            "/v1/embeddings",
+            &json!({"input": "Hello", "encoding_format": "base64"}),
+        )
+        .await
+        .json();
+    use base64::Engine as _;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(b64["data"][0]["embedding"].as_str().unwrap())
+        .unwrap();
+    let decoded: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let floats: Vec<f32> = vector(0).iter().map(|&x| x as f32).collect();
+    assert_eq!(decoded, floats);
+    let tokens = server
+        .post_json(
+            "/v1/embeddings",
+            &json!({"input": [[256, 72, 101, 108, 108, 111]]}),
+        )
+        .await
+        .json();
+    assert_eq!(tokens["data"][0]["embedding"], data[0]["embedding"]);
+    for (request, needle) in [
+        (json!({"input": "x", "dimensions": 4}), "dimensions"),
+        (
+            json!({"input": "x", "encoding_format": "int8"}),
+            "encoding_format",
+        ),
+        (json!({"input": [[9999]]}), "outside the vocabulary"),
+        (json!({"input": []}), "1 to 256"),
+    ] {
+        openai_error(&server.post_json("/v1/embeddings", &request).await, needle);
+    }
+}

@@ -308,12 +308,12 @@ async fn errors_have_the_openai_shape_and_status() {
         400,
         "invalid_request_error",
     );
-    // n outside 1..=16.
+    // n outside 1..=64.
     let body = assert_openai_error(
         &server
             .post(
                 chat,
-                r#"{"messages": [{"role": "user", "content": "x"}], "n": 17}"#,
+                r#"{"messages": [{"role": "user", "content": "x"}], "n": 65}"#,
             )
             .await,
         400,
@@ -323,7 +323,7 @@ async fn errors_have_the_openai_shape_and_status() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("got 17")
+            .contains("got 65")
     );
     // Unknown model.
     let body = assert_openai_error(

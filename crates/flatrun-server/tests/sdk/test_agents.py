@@ -84,8 +84,11 @@ def token_id(text):
 
 class OpenAITools(unittest.TestCase):
     def first_turn(self, stream):
+        # The 0.5B model answers this question in prose under `auto`, so the
+        # loop starts with a required call; the final answer is under `auto`.
         messages = [{"role": "user", "content": QUESTION}]
-        kwargs = dict(model=MODEL, messages=messages, tools=OPENAI_TOOLS, temperature=0, max_tokens=100)
+        kwargs = dict(model=MODEL, messages=messages, tools=OPENAI_TOOLS, temperature=0, max_tokens=100,
+                      tool_choice="required")
         if not stream:
             choice = oai().chat.completions.create(**kwargs).choices[0]
             self.assertEqual(choice.finish_reason, "tool_calls")
@@ -242,21 +245,42 @@ class SamplingFields(unittest.TestCase):
     PROMPT = [{"role": "user", "content": "Write the word cat twenty times, separated by spaces."}]
 
     def text(self, **kwargs):
-        response = oai().chat.completions.create(model=MODEL, messages=self.PROMPT, max_tokens=40, **kwargs)
+        kwargs.setdefault("max_tokens", 40)
+        response = oai().chat.completions.create(model=MODEL, messages=self.PROMPT, **kwargs)
         return response.choices[0].message.content
 
-    def test_penalties_reduce_repetition(self):
+    def check_formula(self, adjust, **fields):
+        """A greedy run with a penalty: at every step the chosen token is the
+        argmax of the model's logprobs (reported before any transform) after
+        `adjust(logprob, times_seen)`, over the 20 most likely tokens."""
+        response = oai().chat.completions.create(
+            model=MODEL, messages=self.PROMPT, max_tokens=30, temperature=0, logprobs=True, top_logprobs=20, **fields)
+        seen = {}
+        changed = 0
+        for entry in response.choices[0].logprobs.content:
+            key = tuple(entry.bytes)
+            chosen = adjust(entry.logprob, seen.get(key, 0))
+            for alt in entry.top_logprobs:
+                self.assertGreaterEqual(chosen + 1e-3, adjust(alt.logprob, seen.get(tuple(alt.bytes), 0)))
+            changed += entry.top_logprobs[0].bytes != entry.bytes
+            seen[key] = seen.get(key, 0) + 1
+        return changed
+
+    def test_frequency_penalty_follows_its_formula(self):
+        changed = self.check_formula(lambda lp, n: lp - 2.0 * n, frequency_penalty=2.0)
+        self.assertGreater(changed, 0, "the penalty never changed a token")
+
+    def test_presence_penalty_follows_its_formula(self):
+        self.check_formula(lambda lp, n: lp - 2.0 * (n > 0), presence_penalty=2.0)
+        self.check_formula(lambda lp, n: lp + 1.0 * (n > 0), presence_penalty=-1.0)
+
+    def test_repeat_penalty_reduces_repetition(self):
         base = self.text(temperature=0).lower().count("cat")
         self.assertGreaterEqual(base, 10)
-        for field in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"extra_body": {"repeat_penalty": 1.8}}):
-            with self.subTest(field=field):
-                penalized = self.text(temperature=0, **field).lower().count("cat")
-                self.assertLess(penalized, base)
-        # Negative penalties favour repetition: never fewer repeats.
-        self.assertGreaterEqual(self.text(temperature=0, frequency_penalty=-1.0).lower().count("cat"), base)
+        self.assertLess(self.text(temperature=0, extra_body={"repeat_penalty": 1.8}).lower().count("cat"), base)
 
     def test_logit_bias_bans_and_forces(self):
-        kwargs = dict(temperature=0, logprobs=True, max_tokens=3)
+        kwargs = dict(temperature=0, logprobs=True, top_logprobs=2, max_tokens=3)
         first = oai().chat.completions.create(model=MODEL, messages=self.PROMPT, **kwargs).choices[0].logprobs.content[0]
         banned = token_id(first.token)
         other = oai().chat.completions.create(
@@ -268,6 +292,12 @@ class SamplingFields(unittest.TestCase):
         forced = token_id(" banana")
         text = self.text(temperature=0, max_tokens=3, logit_bias={str(forced): 100})
         self.assertEqual(text, " banana" * 3)
+        # Logprobs are the model's, before the bias.
+        biased = oai().chat.completions.create(
+            model=MODEL, messages=self.PROMPT, logit_bias={str(forced): 100}, **kwargs
+        ).choices[0].logprobs.content[0]
+        self.assertEqual(biased.token, " banana")
+        self.assertLess(biased.logprob, first.logprob)
 
     def test_min_p_one_and_top_k_one_are_greedy(self):
         greedy = self.text(temperature=0)
@@ -306,7 +336,7 @@ class AnthropicTools(unittest.TestCase):
 
     def loop(self, stream):
         messages = [{"role": "user", "content": QUESTION}]
-        first = self.turn(messages, stream)
+        first = self.turn(messages, stream, tool_choice={"type": "any"})
         self.assertEqual(first.stop_reason, "tool_use")
         use = [b for b in first.content if b.type == "tool_use"][0]
         self.assertEqual(use.name, "get_weather")
