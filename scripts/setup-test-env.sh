@@ -21,7 +21,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 # Pinned: the synthetic checkpoints of tests/families.rs are checked by sha256,
 # so the GGUF writer (and numpy's RNG) must not drift.
-py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0"
+# jsonschema validates structured output and tool arguments in the agent SDK tests.
+py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0 jsonschema==4.23.0"
 # The real MLX (its Linux CPU build) writes the MLX checkpoints of
 # crates/flatrun-runtime/tests/mlx_parity.rs.
 mlx_pin="mlx[cpu]==0.32.4"

@@ -35,14 +35,28 @@ use serde::Serialize;
 mod budget;
 mod guard;
 mod sandbox;
+pub mod tools;
 
 use budget::Budget;
 
-/// One message of a conversation.
+/// One message of a conversation. The tool fields follow Hugging Face's
+/// chat-template conventions; they are absent from the template's view
+/// when unset.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant's tool calls: `[{"type": "function", "id": …,
+    /// "function": {"name": …, "arguments": {…}}}]`, the arguments as a
+    /// JSON object (templates apply `tojson` to them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the name of the tool that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -50,6 +64,9 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -289,6 +306,30 @@ impl ChatTemplate {
             bos_token,
             eos_token,
             Value::UNDEFINED,
+        )
+    }
+
+    /// The tool-call syntax this template teaches, if it takes tools.
+    pub fn tool_syntax(&self) -> Option<tools::ToolSyntax> {
+        tools::ToolSyntax::from_template(&self.source)
+    }
+
+    /// Render a conversation with tool definitions (`tools`, a list of
+    /// OpenAI-shaped `{"type": "function", "function": {…}}` objects).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+        add_generation_prompt: bool,
+        bos_token: &str,
+        eos_token: &str,
+    ) -> Result<String, TemplateError> {
+        self.render_with(
+            messages,
+            add_generation_prompt,
+            bos_token,
+            eos_token,
+            minijinja::context! { tools => Value::from_serialize(tools) },
         )
     }
 

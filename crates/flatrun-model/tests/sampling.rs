@@ -130,3 +130,60 @@ fn stop_strings_across_token_boundaries() {
     assert_eq!(m.push("café").emit, "caf");
     assert!(m.push("!").stopped);
 }
+
+#[test]
+fn logit_bias_adds_to_the_logits_after_the_penalties() {
+    // Greedy picks 1; a bias of +3 on 2 makes 2 win, -100 on 1 bans it.
+    let logits = vec![0.0f32, 2.0, 0.5, 1.5];
+    let pick = |bias: Vec<(u32, f32)>| {
+        let mut s = Sampler::new(SamplingParams {
+            logit_bias: bias,
+            ..Default::default()
+        });
+        s.sample(&mut logits.clone(), &[])
+    };
+    assert_eq!(pick(vec![]), 1);
+    assert_eq!(pick(vec![(2, 3.0)]), 2);
+    assert_eq!(pick(vec![(1, -100.0)]), 3);
+    // Out-of-vocabulary ids are ignored.
+    assert_eq!(pick(vec![(99, 100.0)]), 1);
+}
+
+#[test]
+fn the_allowed_mask_restricts_every_mode() {
+    let logits = vec![5.0f32; 100];
+    // Only 37 and 70 allowed.
+    let mut mask = vec![0u32; 4];
+    mask[1] |= 1 << 5;
+    mask[2] |= 1 << 6;
+    for params in [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 1.0,
+            seed: Some(1),
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 10,
+            top_p: 0.9,
+            seed: Some(2),
+            ..Default::default()
+        },
+    ] {
+        let mut s = Sampler::new(params);
+        for _ in 0..50 {
+            let t = s.sample_allowed(&mut logits.clone(), &[], Some(&mask));
+            assert!(t == 37 || t == 70, "{t}");
+        }
+    }
+    // Allowed tokens the model rules out (-inf) still win over the others.
+    let mut ruled_out = logits.clone();
+    ruled_out[37] = f32::NEG_INFINITY;
+    ruled_out[70] = f32::NEG_INFINITY;
+    let mut s = Sampler::new(SamplingParams::default());
+    assert_eq!(s.sample_allowed(&mut ruled_out, &[], Some(&mask)), 37);
+    // A mask that allows nothing is ignored.
+    let mut s = Sampler::new(SamplingParams::default());
+    assert_eq!(s.sample_allowed(&mut logits.clone(), &[], Some(&[0; 4])), 0);
+}

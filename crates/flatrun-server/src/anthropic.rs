@@ -1,6 +1,12 @@
 //! The Anthropic-compatible endpoints: `POST /v1/messages` and
 //! `POST /v1/messages/count_tokens`.
+//!
+//! Messages take tools (`tool_use` / `tool_result` blocks, streamed
+//! `input_json_delta`s, `stop_reason: "tool_use"`), `tool_choice` (a
+//! forced call is grammar-constrained to the tool's schema), `thinking`
+//! (`<think>` reasoning as `thinking` blocks) and every sampling field.
 
+use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -13,21 +19,39 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
-use crate::engine::{GenerationEvent, GenerationStream, Usage};
+use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
+use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
 use crate::request_body::{RawBody, parse_json};
+use crate::request_fields::{ExtraSampling, check_stop, compile, forced_call_grammar};
 use crate::state::{AppState, SamplingOverrides, random_id};
+use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::chat_template::tools::ParsedToolCall;
 use flatrun_model::sampling::FinishReason;
 
 const FLAVOR: ApiFlavor = ApiFlavor::Anthropic;
 
-/// A content block; only `text` blocks are supported.
+/// A content block: `text`, `tool_use`, `tool_result`, `thinking`.
 #[derive(Debug, Deserialize)]
 pub struct ContentBlock {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
     pub text: Option<String>,
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub input: Option<Value>,
+    #[serde(default)]
+    pub tool_use_id: Option<String>,
+    #[serde(default)]
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub is_error: Option<bool>,
+    #[serde(default)]
+    pub thinking: Option<String>,
 }
 
 /// Content (or `system`): a string or a list of blocks.
@@ -44,7 +68,16 @@ pub struct InputMessage {
     pub content: Content,
 }
 
-/// The fields of `POST /v1/messages` that Flatrun reads (others ignored).
+/// `thinking`: `{"type": "enabled", "budget_tokens": N}` or disabled.
+#[derive(Debug, Deserialize)]
+pub struct ThinkingConfig {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub budget_tokens: Option<u64>,
+}
+
+/// The fields of `POST /v1/messages` that Flatrun reads.
 #[derive(Debug, Deserialize)]
 pub struct MessagesRequest {
     #[serde(default)]
@@ -65,6 +98,20 @@ pub struct MessagesRequest {
     pub stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     pub stream: Option<bool>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub thinking: Option<ThinkingConfig>,
+    /// Accepted and ignored (`user_id`).
+    #[serde(default)]
+    pub metadata: Option<Value>,
+    /// Extensions shared with the OpenAI side (`seed`, penalties, …).
+    #[serde(default)]
+    pub seed: Option<u64>,
+    #[serde(flatten)]
+    pub extra: ExtraSampling,
 }
 
 /// The fields of `POST /v1/messages/count_tokens`.
@@ -75,9 +122,23 @@ pub struct CountTokensRequest {
     pub messages: Vec<InputMessage>,
     #[serde(default)]
     pub system: Option<Content>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
 }
 
-fn content_text(content: Content, location: &str) -> Result<String, ApiError> {
+fn unsupported_block(location: &str, kind: &str) -> ApiError {
+    ApiError::invalid(
+        FLAVOR,
+        format!(
+            "{location}: content blocks of type `{kind}` are not supported (text, tool_use, tool_result, thinking)"
+        ),
+    )
+}
+
+/// The text of `system` or of a `tool_result`'s content.
+fn plain_text(content: Content, location: &str) -> Result<String, ApiError> {
     match content {
         Content::Text(text) => Ok(text),
         Content::Blocks(blocks) => {
@@ -85,12 +146,7 @@ fn content_text(content: Content, location: &str) -> Result<String, ApiError> {
             for (j, block) in blocks.into_iter().enumerate() {
                 match (block.kind.as_str(), block.text) {
                     ("text", Some(t)) => text.push_str(&t),
-                    (kind, _) => {
-                        return Err(ApiError::invalid(
-                            FLAVOR,
-                            format!("{location}.{j}: only text blocks are supported, got `{kind}`"),
-                        ));
-                    }
+                    (kind, _) => return Err(unsupported_block(&format!("{location}.{j}"), kind)),
                 }
             }
             Ok(text)
@@ -98,7 +154,96 @@ fn content_text(content: Content, location: &str) -> Result<String, ApiError> {
     }
 }
 
-/// The conversation as plain-text chat turns, the system prompt first.
+/// The tools and `tool_choice` of a request.
+fn tool_set(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<ToolSet, ApiError> {
+    let mut defs = Vec::new();
+    for (i, tool) in tools.unwrap_or_default().into_iter().enumerate() {
+        let at = format!("tools.{i}");
+        if let Some(kind) = tool.get("type").and_then(Value::as_str)
+            && kind != "custom"
+        {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!(
+                    "{at}: server tools such as `{kind}` are not supported; define client tools with name and input_schema"
+                ),
+            ));
+        }
+        let Some(name) = tool.get("name").and_then(Value::as_str) else {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{at}.name: Field required"),
+            ));
+        };
+        check_name(FLAVOR, name, &format!("{at}.name"))?;
+        let Some(schema) = tool.get("input_schema") else {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{at}.input_schema: Field required"),
+            ));
+        };
+        check_schema(FLAVOR, schema, &format!("{at}.input_schema"))?;
+        defs.push(ToolDef {
+            name: name.to_string(),
+            description: tool
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            parameters: schema.clone(),
+        });
+    }
+    check_unique(FLAVOR, &defs)?;
+    let mut parallel = true;
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(choice) => {
+            parallel = !choice
+                .get("disable_parallel_tool_use")
+                .and_then(Value::as_bool)
+                .unwrap_or(false);
+            match choice.get("type").and_then(Value::as_str) {
+                Some("auto") => ToolChoice::Auto,
+                Some("any") => ToolChoice::Required,
+                Some("none") => ToolChoice::None,
+                Some("tool") => {
+                    let Some(name) = choice.get("name").and_then(Value::as_str) else {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            "tool_choice.name: Field required",
+                        ));
+                    };
+                    if !defs.iter().any(|t| t.name == name) {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            format!("tool_choice.name: `{name}` is not one of the tools"),
+                        ));
+                    }
+                    ToolChoice::Named(name.to_string())
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        FLAVOR,
+                        format!("tool_choice.type must be auto, any, tool or none, got {choice}"),
+                    ));
+                }
+            }
+        }
+    };
+    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && defs.is_empty() {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "tool_choice requires a tool call, but tools is empty",
+        ));
+    }
+    Ok(ToolSet {
+        tools: defs,
+        choice,
+        parallel,
+    })
+}
+
+/// The conversation as chat-template turns, the system prompt first;
+/// `tool_result` blocks become `tool` turns.
 fn chat_messages(
     system: Option<Content>,
     messages: Vec<InputMessage>,
@@ -111,11 +256,12 @@ fn chat_messages(
     }
     let mut turns = Vec::with_capacity(messages.len() + 1);
     if let Some(system) = system {
-        let text = content_text(system, "system")?;
+        let text = plain_text(system, "system")?;
         if !text.is_empty() {
             turns.push(ChatMessage::new("system", text));
         }
     }
+    let mut tool_use_ids: HashSet<String> = HashSet::new();
     for (i, message) in messages.into_iter().enumerate() {
         let role = match message.role.as_str() {
             "user" => "user",
@@ -127,12 +273,76 @@ fn chat_messages(
                 ));
             }
         };
-        let content = content_text(message.content, &format!("messages.{i}.content"))?;
-        turns.push(ChatMessage::new(role, content));
+        let blocks = match message.content {
+            Content::Text(text) => {
+                turns.push(ChatMessage::new(role, text));
+                continue;
+            }
+            Content::Blocks(blocks) => blocks,
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        for (j, block) in blocks.into_iter().enumerate() {
+            let at = format!("messages.{i}.content.{j}");
+            match (block.kind.as_str(), role) {
+                ("text", _) => text.push_str(block.text.as_deref().unwrap_or_default()),
+                // Earlier reasoning is not shown to the model again.
+                ("thinking" | "redacted_thinking", "assistant") => {}
+                ("tool_use", "assistant") => {
+                    let (Some(id), Some(name)) = (block.id, block.name) else {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            format!("{at}: a tool_use block needs id and name"),
+                        ));
+                    };
+                    tool_use_ids.insert(id.clone());
+                    calls.push(json!({
+                        "id": id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": block.input.unwrap_or(json!({}))},
+                    }));
+                }
+                ("tool_result", "user") => {
+                    let Some(id) = block.tool_use_id else {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            format!("{at}.tool_use_id: Field required"),
+                        ));
+                    };
+                    if !tool_use_ids.contains(&id) {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            format!(
+                                "{at}: tool_result for `{id}` has no matching tool_use block in an earlier assistant message"
+                            ),
+                        ));
+                    }
+                    let mut result = match block.content {
+                        Some(content) => plain_text(content, &format!("{at}.content"))?,
+                        None => String::new(),
+                    };
+                    if block.is_error == Some(true) {
+                        result = format!("Error: {result}");
+                    }
+                    let mut turn = ChatMessage::new("tool", result);
+                    turn.tool_call_id = Some(id);
+                    turns.push(turn);
+                }
+                (kind, _) => return Err(unsupported_block(&at, kind)),
+            }
+        }
+        if !text.is_empty() || !calls.is_empty() || role == "assistant" {
+            let mut turn = ChatMessage::new(role, text);
+            if !calls.is_empty() {
+                turn.tool_calls = Some(Value::Array(calls));
+            }
+            turns.push(turn);
+        }
     }
     // As Anthropic's API: a prefill may not end in whitespace.
     if let Some(last) = turns.last()
         && last.role == "assistant"
+        && last.tool_calls.is_none()
         && last.content.ends_with(char::is_whitespace)
     {
         return Err(ApiError::invalid(
@@ -152,6 +362,29 @@ fn stop_reason(reason: &FinishReason) -> (&'static str, Value) {
     }
 }
 
+/// A call's arguments as the `input` object.
+fn call_input(call: &ParsedToolCall) -> Value {
+    serde_json::from_str(&call.arguments).unwrap_or_else(|_| json!({}))
+}
+
+/// The prompt of a request with tools, and whether the model may see them.
+fn encode(
+    engine: &dyn Engine,
+    turns: &[ChatMessage],
+    tools: &ToolSet,
+) -> Result<Vec<u32>, ApiError> {
+    if tools.active() && engine.tool_syntax().is_none() {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "tools: this model's chat template has no tool-call syntax",
+        ));
+    }
+    // A final assistant message is the start of the answer (prefill).
+    engine
+        .encode_chat_tools(turns, tools.template_value().as_ref(), true)
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(state): State<AppState>, body: RawBody) -> Response {
     match messages_inner(state, body).await {
@@ -167,26 +400,63 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         return Err(ApiError::invalid(FLAVOR, "max_tokens: Field required"));
     };
     let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    let thinking = match &request.thinking {
+        None => false,
+        Some(t) if t.kind == "disabled" => false,
+        Some(t) if t.kind == "enabled" => {
+            if t.budget_tokens.is_some_and(|b| b >= max_tokens) {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    "thinking.budget_tokens must be less than max_tokens",
+                ));
+            }
+            true
+        }
+        Some(t) => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!(
+                    "thinking.type must be enabled or disabled, got `{}`",
+                    t.kind
+                ),
+            ));
+        }
+    };
+    let tools = tool_set(request.tools, request.tool_choice)?;
     let turns = chat_messages(request.system, request.messages)?;
-    // A final assistant message is the start of the answer (prefill).
-    let prompt = engine
-        .encode_chat_continuing(&turns)
-        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
-    let sampling = state.sampling(SamplingOverrides {
+    let prompt = encode(engine.as_ref(), &turns, &tools)?;
+    let syntax = engine.tool_syntax().filter(|_| tools.active());
+    let forced = tools.forced();
+    let constraint = match syntax {
+        Some(syntax) if !forced.is_empty() => {
+            let spec = forced_call_grammar(syntax, &forced, tools.parallel);
+            Some(compile(FLAVOR, engine.as_ref(), &spec, "tool_choice")?)
+        }
+        _ => None,
+    };
+    let mut sampling = state.sampling(SamplingOverrides {
         temperature: request.temperature,
         top_p: request.top_p,
         top_k: request.top_k.map(|k| k as usize),
-        seed: None,
+        seed: request.seed,
     });
+    request
+        .extra
+        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
     let stop = request.stop_sequences.unwrap_or_default();
+    check_stop(FLAVOR, &stop, "stop_sequences")?;
     let input_tokens = prompt.len();
-    let generation = state.submit(
+    let generation = state.submit_request(
         FLAVOR,
         engine.as_ref(),
-        prompt,
+        GenerationRequest {
+            prompt,
+            sampling,
+            stop,
+            constraint,
+            ..GenerationRequest::default()
+        },
         Some(max_tokens),
-        sampling,
-        stop,
     )?;
     let id = format!("msg_{}", random_id());
     if request.stream.unwrap_or(false) {
@@ -196,22 +466,51 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
             model,
             input_tokens,
             ping_interval: state.config.ping_interval,
-            phase: Phase::MessageStart,
+            parser: Some(OutputParser::new(thinking, syntax)),
+            parallel: tools.parallel,
+            calls: 0,
+            open: None,
+            blocks: 0,
+            queue: VecDeque::new(),
+            started: false,
+            finished: false,
         };
         let events = stream::unfold(stream, MessageStream::next).map(Ok::<_, Infallible>);
         return Ok(Sse::new(events).into_response());
     }
-    let (text, reason, usage) = generation
-        .collect_text()
+    let collected = Collected::from_stream(generation)
         .await
         .map_err(|message| ApiError::new(FLAVOR, ErrorKind::Internal, message))?;
-    let (stop_reason, stop_sequence) = stop_reason(&reason);
+    let mut answer = parse_answer(&collected.text, thinking, syntax);
+    if !tools.parallel {
+        answer.tool_calls.truncate(1);
+    }
+    let mut content = Vec::new();
+    if let Some(reasoning) = answer.reasoning {
+        content.push(json!({"type": "thinking", "thinking": reasoning, "signature": ""}));
+    }
+    if !answer.content.is_empty() || answer.tool_calls.is_empty() {
+        content.push(json!({"type": "text", "text": answer.content}));
+    }
+    for call in &answer.tool_calls {
+        content.push(json!({
+            "type": "tool_use",
+            "id": format!("toolu_{}", random_id()),
+            "name": call.name,
+            "input": call_input(call),
+        }));
+    }
+    let (mut stop_reason, stop_sequence) = stop_reason(&collected.reason);
+    if !answer.tool_calls.is_empty() {
+        stop_reason = "tool_use";
+    }
+    let usage = collected.usage;
     Ok(Json(json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": text}],
+        "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
         "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
@@ -225,10 +524,9 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
         let engine = state.engine(FLAVOR)?;
         let request: CountTokensRequest = parse_json(FLAVOR, body)?;
         state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+        let tools = tool_set(request.tools, request.tool_choice)?;
         let turns = chat_messages(request.system, request.messages)?;
-        let prompt = engine
-            .encode_chat_continuing(&turns)
-            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+        let prompt = encode(engine.as_ref(), &turns, &tools)?;
         Ok::<_, ApiError>(json!({"input_tokens": prompt.len()}))
     })();
     match result {
@@ -237,45 +535,151 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
     }
 }
 
-/// Where an Anthropic stream is.
-enum Phase {
-    MessageStart,
-    BlockStart,
-    Deltas,
-    BlockStop(FinishReason, Usage),
-    MessageDelta(FinishReason, Usage),
-    MessageStop,
-    End,
+/// The kind of the content block being streamed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Block {
+    Text,
+    Thinking,
 }
 
-/// State of one `/v1/messages` SSE stream.
+/// State of one `/v1/messages` SSE stream: blocks open as the answer
+/// needs them (thinking, text, one per tool call).
 struct MessageStream {
     generation: GenerationStream,
     id: String,
     model: String,
     input_tokens: usize,
     ping_interval: Duration,
-    phase: Phase,
+    parser: Option<OutputParser>,
+    parallel: bool,
+    calls: usize,
+    /// The text or thinking block open now.
+    open: Option<Block>,
+    /// Blocks started so far (the next block's index).
+    blocks: usize,
+    queue: VecDeque<Event>,
+    started: bool,
+    finished: bool,
 }
 
 fn event(name: &str, data: Value) -> Event {
     Event::default().event(name).data(data.to_string())
 }
 
-fn text_delta(text: &str) -> Event {
-    event(
-        "content_block_delta",
-        json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}),
-    )
-}
-
 impl MessageStream {
+    fn close(&mut self) {
+        if self.open.take().is_some() {
+            self.queue.push_back(event(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": self.blocks - 1}),
+            ));
+        }
+    }
+
+    fn delta(&mut self, block: Block, text: String) {
+        if self.open != Some(block) {
+            self.close();
+            let start = match block {
+                Block::Text => json!({"type": "text", "text": ""}),
+                Block::Thinking => json!({"type": "thinking", "thinking": "", "signature": ""}),
+            };
+            self.queue.push_back(event(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": self.blocks, "content_block": start}),
+            ));
+            self.blocks += 1;
+            self.open = Some(block);
+        }
+        let delta = match block {
+            Block::Text => json!({"type": "text_delta", "text": text}),
+            Block::Thinking => json!({"type": "thinking_delta", "thinking": text}),
+        };
+        self.queue.push_back(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": self.blocks - 1, "delta": delta}),
+        ));
+    }
+
+    fn tool_use(&mut self, call: ParsedToolCall) {
+        if !self.parallel && self.calls > 0 {
+            return;
+        }
+        self.close();
+        self.calls += 1;
+        let index = self.blocks;
+        self.blocks += 1;
+        self.queue.push_back(event(
+            "content_block_start",
+            json!({"type": "content_block_start", "index": index, "content_block": {
+                "type": "tool_use", "id": format!("toolu_{}", random_id()), "name": call.name, "input": {},
+            }}),
+        ));
+        self.queue.push_back(event(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": index,
+                   "delta": {"type": "input_json_delta", "partial_json": call_input(&call).to_string()}}),
+        ));
+        self.queue.push_back(event(
+            "content_block_stop",
+            json!({"type": "content_block_stop", "index": index}),
+        ));
+    }
+
+    fn output(&mut self, events: Vec<OutputEvent>) {
+        for e in events {
+            match e {
+                OutputEvent::Content(text) if text.is_empty() => {}
+                OutputEvent::Content(text) => self.delta(Block::Text, text),
+                OutputEvent::Reasoning(text) => self.delta(Block::Thinking, text),
+                OutputEvent::ToolCall(call) => self.tool_use(call),
+            }
+        }
+    }
+
+    fn finish(&mut self, text: String, reason: FinishReason, usage: Usage) {
+        let mut events = self
+            .parser
+            .as_mut()
+            .map(|p| p.push(&text))
+            .unwrap_or_default();
+        events.extend(
+            self.parser
+                .take()
+                .map(OutputParser::finish)
+                .unwrap_or_default(),
+        );
+        self.output(events);
+        if self.blocks == 0 {
+            // At least one (empty) text block, as the API always answers.
+            self.delta(Block::Text, String::new());
+        }
+        self.close();
+        let (mut stop_reason, stop_sequence) = stop_reason(&reason);
+        if self.calls > 0 {
+            stop_reason = "tool_use";
+        }
+        self.queue.push_back(event(
+            "message_delta",
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                   "usage": {"output_tokens": usage.completion_tokens}}),
+        ));
+        self.queue
+            .push_back(event("message_stop", json!({"type": "message_stop"})));
+    }
+
     /// The next SSE event, or `None` at the end.
     async fn next(mut self) -> Option<(Event, Self)> {
         loop {
-            let event = match std::mem::replace(&mut self.phase, Phase::End) {
-                Phase::MessageStart => {
-                    self.phase = Phase::BlockStart;
+            if let Some(event) = self.queue.pop_front() {
+                return Some((event, self));
+            }
+            if self.finished {
+                return None;
+            }
+            if !self.started {
+                self.started = true;
+                return Some((
                     event(
                         "message_start",
                         json!({"type": "message_start", "message": {
@@ -288,72 +692,39 @@ impl MessageStream {
                             "stop_sequence": null,
                             "usage": {"input_tokens": self.input_tokens, "output_tokens": 0},
                         }}),
-                    )
+                    ),
+                    self,
+                ));
+            }
+            // Wait for output; a ping keeps the connection alive meanwhile.
+            let next = tokio::select! {
+                next = GenerationItem::next(&mut self.generation) => next,
+                _ = tokio::time::sleep(self.ping_interval) => {
+                    return Some((event("ping", json!({"type": "ping"})), self));
                 }
-                Phase::BlockStart => {
-                    self.phase = Phase::Deltas;
-                    event(
-                        "content_block_start",
-                        json!({"type": "content_block_start", "index": 0,
-                               "content_block": {"type": "text", "text": ""}}),
-                    )
-                }
-                Phase::Deltas => {
-                    // Wait for output; a ping keeps the connection alive meanwhile.
-                    let next = tokio::select! {
-                        next = self.generation.next_event() => next,
-                        _ = tokio::time::sleep(self.ping_interval) => {
-                            self.phase = Phase::Deltas;
-                            return Some((event("ping", json!({"type": "ping"})), self));
-                        }
-                    };
-                    match next {
-                        Some(GenerationEvent::Token { text, .. }) => {
-                            self.phase = Phase::Deltas;
-                            if text.is_empty() {
-                                continue;
-                            }
-                            text_delta(&text)
-                        }
-                        Some(GenerationEvent::Finished {
-                            reason,
-                            usage,
-                            text,
-                        }) => {
-                            self.phase = Phase::BlockStop(reason, usage);
-                            if text.is_empty() {
-                                continue;
-                            }
-                            text_delta(&text)
-                        }
-                        Some(GenerationEvent::Failed { message }) => error_event(&message),
-                        None => error_event("generation ended unexpectedly"),
-                    }
-                }
-                Phase::BlockStop(reason, usage) => {
-                    self.phase = Phase::MessageDelta(reason, usage);
-                    event(
-                        "content_block_stop",
-                        json!({"type": "content_block_stop", "index": 0}),
-                    )
-                }
-                Phase::MessageDelta(reason, usage) => {
-                    self.phase = Phase::MessageStop;
-                    let (stop_reason, stop_sequence) = stop_reason(&reason);
-                    event(
-                        "message_delta",
-                        json!({"type": "message_delta",
-                               "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                               "usage": {"output_tokens": usage.completion_tokens}}),
-                    )
-                }
-                Phase::MessageStop => {
-                    self.phase = Phase::End;
-                    event("message_stop", json!({"type": "message_stop"}))
-                }
-                Phase::End => return None,
             };
-            return Some((event, self));
+            match next {
+                GenerationItem::Token { text, .. } => {
+                    let events = self
+                        .parser
+                        .as_mut()
+                        .map(|p| p.push(&text))
+                        .unwrap_or_default();
+                    self.output(events);
+                }
+                GenerationItem::Finished {
+                    text,
+                    reason,
+                    usage,
+                } => {
+                    self.finished = true;
+                    self.finish(text, reason, usage);
+                }
+                GenerationItem::Failed(message) => {
+                    self.finished = true;
+                    self.queue.push_back(error_event(&message));
+                }
+            }
         }
     }
 }

@@ -34,7 +34,11 @@
 //! detokenization are the scheduler's; a model only provides the logits and,
 //! through [`TextModel::stream_decoder`], its tokenizer's streaming decoder.
 
+use std::sync::Arc;
+
 use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::chat_template::tools::ToolSyntax;
+use flatrun_model::sampling::Vocabulary;
 use flatrun_model::tokenizer::StreamDecoder;
 
 /// Identifies a sequence (a KV cache) inside a [`BatchModel`].
@@ -75,6 +79,28 @@ pub trait TextModel: Send + Sync + 'static {
     fn detokenize(&self, tokens: &[u32]) -> Result<String, ModelError>;
     /// The chat template over `messages`, with the assistant prompt appended.
     fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, ModelError>;
+    /// The chat template over `messages` with tool definitions; `None`
+    /// when the template cannot take tools.
+    fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+    ) -> Option<Result<String, ModelError>> {
+        let _ = (messages, tools);
+        None
+    }
+    /// How the model writes tool calls, when its template teaches it.
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        None
+    }
+    /// Vocabulary size, when known.
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+    /// Every token's bytes in id order, when known (grammars need them).
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        None
+    }
     /// True for tokens that end a generation (EOS, `<|im_end|>`, ...).
     fn is_end_of_generation(&self, token: u32) -> bool;
     /// A streaming detokenizer for one generation (for a Flatrun model:
@@ -110,6 +136,12 @@ pub trait BatchModel: Send + 'static {
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Releases a sequence and its KV cache.
     fn free(&mut self, seq: SeqId);
+    /// The final-normed hidden state of every position of `tokens` run as a
+    /// fresh sequence (for embeddings); `None` when the model cannot.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let _ = tokens;
+        None
+    }
     /// Weight residency, if the model tracks it.
     fn residency(&self) -> Option<Residency> {
         None

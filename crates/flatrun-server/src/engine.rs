@@ -16,10 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
 
 use flatrun_model::chat_template::ChatMessage;
-use flatrun_model::sampling::{FinishReason, SamplingParams};
+use flatrun_model::chat_template::tools::ToolSyntax;
+use flatrun_model::sampling::Vocabulary;
+use flatrun_model::sampling::{ConstraintFactory, FinishReason, SamplingParams, TokenLogprobs};
 
 /// One generation to run: an already tokenized prompt and its limits.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     /// The sampler's settings, used as they are (the HTTP handlers start
@@ -30,6 +32,28 @@ pub struct GenerationRequest {
     /// Generation ends when the text contains one of these; the stop string
     /// itself is not returned.
     pub stop: Vec<String>,
+    /// Report each token's log-probability and the `n` most likely
+    /// alternatives (`Some(0)`: the token's alone).
+    pub logprobs: Option<usize>,
+    /// A grammar the tokens must follow (structured output, forced tool calls).
+    pub constraint: Option<Arc<dyn ConstraintFactory>>,
+}
+
+/// Where an embedding arrives ([`Engine::embed`]).
+pub type EmbeddingReceiver = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
+
+/// Mean of `states`, L2-normalized (a zero vector stays zero).
+pub fn mean_pool_normalized(states: &[Vec<f32>]) -> Vec<f32> {
+    let dim = states.first().map_or(0, Vec::len);
+    let mut pooled = vec![0.0f64; dim];
+    for state in states {
+        for (p, &x) in pooled.iter_mut().zip(state) {
+            *p += x as f64;
+        }
+    }
+    let norm = pooled.iter().map(|x| x * x).sum::<f64>().sqrt();
+    let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
+    pooled.iter().map(|&x| (x * scale) as f32).collect()
 }
 
 /// Token counts of one finished generation.
@@ -46,7 +70,13 @@ pub enum GenerationEvent {
     /// A generated token and the text it released. The text may be empty
     /// (an incomplete UTF-8 character, or text held back because it could be
     /// the start of a stop string) or carry text held back earlier.
-    Token { id: u32, text: String },
+    Token {
+        id: u32,
+        text: String,
+        /// With [`GenerationRequest::logprobs`]: the log-softmax of the
+        /// model's logits at this step, before any sampling transform.
+        logprobs: Option<TokenLogprobs>,
+    },
     /// The generation ended normally. `text` is the text still held back
     /// at the end (an incomplete stop-string prefix), usually empty.
     Finished {
@@ -222,6 +252,63 @@ pub trait Engine: Send + Sync + 'static {
             }
             _ => self.encode_chat(messages),
         }
+    }
+    /// The chat template over `messages` with tool definitions (`tools`:
+    /// OpenAI-shaped function objects). Engines whose template cannot take
+    /// tools refuse a request that has some.
+    fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, EngineError> {
+        match tools {
+            None => self.render_chat(messages),
+            Some(_) => Err(EngineError::InvalidRequest(
+                "this model's chat template does not take tools".to_string(),
+            )),
+        }
+    }
+    /// The prompt tokens of a chat with tools; `continuing` as
+    /// [`Engine::encode_chat_continuing`].
+    fn encode_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        continuing: bool,
+    ) -> Result<Vec<u32>, EngineError> {
+        match messages.split_last() {
+            Some((last, earlier)) if continuing && last.role == "assistant" => {
+                let mut text = self.render_chat_tools(earlier, tools)?;
+                text.push_str(&last.content);
+                self.tokenize(&text, true)
+            }
+            _ => {
+                let text = self.render_chat_tools(messages, tools)?;
+                self.tokenize(&text, true)
+            }
+        }
+    }
+    /// How the model writes tool calls (from its chat template), if it can.
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        None
+    }
+    /// The vocabulary size, when known (to check token ids in requests).
+    fn vocab_size(&self) -> Option<usize> {
+        None
+    }
+    /// The bytes of every token of the vocabulary, in id order (for
+    /// grammars), when the model can give them.
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        None
+    }
+    /// The embedding of `tokens`: the model's final hidden states, mean
+    /// pooled and L2-normalized, computed between generation steps. The
+    /// receiver gets the vector or why there is none.
+    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
+        let _ = tokens;
+        Err(EngineError::InvalidRequest(
+            "this model does not serve embeddings".to_string(),
+        ))
     }
     /// Starts a generation, or refuses it at once (queue full, too long).
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError>;

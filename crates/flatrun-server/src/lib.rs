@@ -69,16 +69,20 @@ pub mod args;
 pub mod batch_model;
 pub mod config;
 pub mod engine;
+pub mod grammar;
 pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod mock;
 pub mod openai;
+pub mod output;
 pub mod request_body;
+pub mod request_fields;
 #[cfg(feature = "runtime")]
 pub mod runtime;
 pub mod scheduler;
 pub mod server;
 pub mod state;
+pub mod tool_defs;
 
 pub use api_error::{ApiError, ApiFlavor, ErrorKind};
 pub use args::ServeArgs;

@@ -22,7 +22,7 @@
 //!     prompt,
 //!     sampling: SamplingParams { temperature: 0.0, ..Default::default() },
 //!     max_tokens: 5,
-//!     stop: vec![],
+//!     ..Default::default()
 //! };
 //! let stream = engine.submit(request).unwrap();
 //! let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -41,6 +41,8 @@ use crate::batch_model::{
 };
 use crate::scheduler::{BatchEngine, SchedulerConfig};
 use flatrun_model::chat_template::ChatMessage;
+use flatrun_model::chat_template::tools::ToolSyntax;
+use flatrun_model::sampling::Vocabulary;
 
 /// Beginning-of-sequence token of the mock vocabulary.
 pub const BOS: u32 = 256;
@@ -140,6 +142,43 @@ impl TextModel for MockText {
         }
         out.push_str("<|assistant|>\n");
         Ok(out)
+    }
+
+    /// Tools come first as `<|tools|>` and their JSON; assistant tool calls
+    /// as Hermes `<tool_call>` blocks.
+    fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+    ) -> Option<Result<String, ModelError>> {
+        let mut out = format!("<|tools|>\n{tools}\n");
+        for message in messages {
+            out.push_str(&format!("<|{}|>\n{}\n", message.role, message.content));
+            for call in message
+                .tool_calls
+                .iter()
+                .flat_map(|c| c.as_array().into_iter().flatten())
+            {
+                out.push_str(&format!("<tool_call>{}</tool_call>\n", call["function"]));
+            }
+        }
+        out.push_str("<|assistant|>\n");
+        Some(Ok(out))
+    }
+
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        Some(ToolSyntax::Hermes)
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(VOCAB_SIZE)
+    }
+
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        let mut tokens: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        tokens.push(b"\xFF<s>".to_vec());
+        tokens.push(b"\xFF</s>".to_vec());
+        Some(Arc::new(Vocabulary { tokens, eos: EOS }))
     }
 
     fn is_end_of_generation(&self, token: u32) -> bool {
@@ -246,6 +285,19 @@ impl BatchModel for MockModel {
         self.stats.live_sequences.fetch_add(1, Ordering::SeqCst);
         self.stats.sequences_opened.fetch_add(1, Ordering::SeqCst);
         Ok(id)
+    }
+
+    /// Eight pseudo-random values per position, from the token and position.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        Some(Ok(tokens
+            .iter()
+            .enumerate()
+            .map(|(p, &t)| {
+                (0..8)
+                    .map(|k| noise(u64::from(t) * 8 + k, p as u64) - 0.5)
+                    .collect()
+            })
+            .collect()))
     }
 
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {

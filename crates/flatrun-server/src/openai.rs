@@ -1,6 +1,12 @@
 //! The OpenAI-compatible endpoints: `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `GET /v1/models`.
+//! `POST /v1/completions`, `POST /v1/embeddings`, `GET /v1/models`.
+//!
+//! Chat requests take tools (rendered through the model's chat template,
+//! calls parsed in the model's own syntax), `response_format` and the
+//! `regex` / `grammar` extensions (grammar-constrained sampling), logprobs,
+//! every sampling field and `n` choices, streamed or not.
 
+use std::collections::HashSet;
 use std::convert::Infallible;
 use std::time::Duration;
 
@@ -8,18 +14,28 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures::stream::{self, Stream};
+use futures::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
-use crate::engine::{GenerationEvent, GenerationStream, Usage};
+use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
+use crate::grammar::GrammarSpec;
+use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
 use crate::request_body::{RawBody, parse_json};
+use crate::request_fields::{
+    ExtraSampling, check_stop, compile, forced_call_grammar, response_format_grammar,
+};
 use crate::state::{AppState, SamplingOverrides, random_id, unix_time};
+use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
-use flatrun_model::sampling::FinishReason;
+use flatrun_model::chat_template::tools::ParsedToolCall;
+use flatrun_model::sampling::{FinishReason, TokenLogprobs};
 
 const FLAVOR: ApiFlavor = ApiFlavor::OpenAi;
+
+/// The most choices one request may ask for.
+const MAX_N: u64 = 64;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Deserialize)]
@@ -61,15 +77,39 @@ pub enum MessageContent {
     Parts(Vec<ContentPart>),
 }
 
+/// A function call of an assistant message.
+#[derive(Debug, Deserialize)]
+pub struct RequestFunctionCall {
+    pub name: String,
+    /// JSON text, as the API sends it.
+    #[serde(default)]
+    pub arguments: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct RequestToolCall {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(rename = "type", default)]
+    pub kind: Option<String>,
+    pub function: RequestFunctionCall,
+}
+
 #[derive(Debug, Deserialize)]
 pub struct RequestMessage {
     pub role: String,
     #[serde(default)]
     pub content: Option<MessageContent>,
+    #[serde(default)]
+    pub tool_calls: Option<Vec<RequestToolCall>>,
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
-/// The fields of `POST /v1/chat/completions` that Flatrun reads (others are
-/// ignored).
+/// The fields of `POST /v1/chat/completions` that Flatrun reads; fields
+/// it cannot honour (audio, predictions, web search) are refused.
 #[derive(Debug, Deserialize)]
 pub struct ChatCompletionRequest {
     #[serde(default)]
@@ -83,6 +123,9 @@ pub struct ChatCompletionRequest {
     pub temperature: Option<f32>,
     #[serde(default)]
     pub top_p: Option<f32>,
+    /// Extension (llama-server, vLLM).
+    #[serde(default)]
+    pub top_k: Option<u64>,
     #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
@@ -97,6 +140,37 @@ pub struct ChatCompletionRequest {
     /// starting a new turn after it.
     #[serde(default)]
     pub continue_final_message: Option<bool>,
+    #[serde(flatten)]
+    pub extra: ExtraSampling,
+    #[serde(default)]
+    pub logprobs: Option<bool>,
+    #[serde(default)]
+    pub top_logprobs: Option<u64>,
+    #[serde(default)]
+    pub tools: Option<Vec<Value>>,
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// Extension: a Lark grammar (llguidance's dialect) the answer follows.
+    #[serde(default)]
+    pub grammar: Option<String>,
+    /// Extension: a regular expression the answer matches.
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Refused: no audio output.
+    #[serde(default)]
+    pub audio: Option<Value>,
+    #[serde(default)]
+    pub modalities: Option<Vec<String>>,
+    /// Refused: predicted outputs.
+    #[serde(default)]
+    pub prediction: Option<Value>,
+    /// Refused: no web search.
+    #[serde(default)]
+    pub web_search_options: Option<Value>,
 }
 
 /// `prompt`: a string, or a list holding exactly one string.
@@ -120,6 +194,8 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub top_p: Option<f32>,
     #[serde(default)]
+    pub top_k: Option<u64>,
+    #[serde(default)]
     pub seed: Option<u64>,
     #[serde(default)]
     pub stop: Option<StopField>,
@@ -131,6 +207,20 @@ pub struct CompletionRequest {
     pub n: Option<u64>,
     #[serde(default)]
     pub echo: Option<bool>,
+    #[serde(default)]
+    pub logprobs: Option<u64>,
+    #[serde(flatten)]
+    pub extra: ExtraSampling,
+    #[serde(default)]
+    pub grammar: Option<String>,
+    #[serde(default)]
+    pub regex: Option<String>,
+    /// Refused: only one completion per prompt is returned.
+    #[serde(default)]
+    pub best_of: Option<u64>,
+    /// Refused: no fill-in-the-middle.
+    #[serde(default)]
+    pub suffix: Option<String>,
 }
 
 /// OpenAI's `finish_reason`.
@@ -149,56 +239,322 @@ fn usage_json(usage: Usage) -> Value {
     })
 }
 
-fn check_n(n: Option<u64>) -> Result<(), ApiError> {
-    match n {
-        None | Some(1) => Ok(()),
-        Some(n) => Err(ApiError::invalid(
+fn check_n(n: Option<u64>) -> Result<usize, ApiError> {
+    match n.unwrap_or(1) {
+        n @ 1..=MAX_N => Ok(n as usize),
+        n => Err(ApiError::invalid(
             FLAVOR,
-            format!("n = {n} is not supported: this server returns exactly one choice (n = 1)"),
+            format!("n must be between 1 and {MAX_N}, got {n}"),
         )),
     }
 }
 
-/// Flattens OpenAI messages to plain-text chat turns.
+fn unsupported(field: &str, why: &str) -> ApiError {
+    ApiError::invalid(FLAVOR, format!("{field} is not supported: {why}"))
+        .with_code("unsupported_parameter")
+}
+
+/// The tools and `tool_choice` of a chat request.
+fn tool_set(
+    tools: Option<Vec<Value>>,
+    choice: Option<Value>,
+    parallel: Option<bool>,
+) -> Result<ToolSet, ApiError> {
+    let mut defs = Vec::new();
+    for (i, tool) in tools.unwrap_or_default().into_iter().enumerate() {
+        let at = format!("tools[{i}]");
+        let kind = tool.get("type").and_then(Value::as_str).unwrap_or("");
+        if kind != "function" {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{at}.type must be `function`, got `{kind}`"),
+            ));
+        }
+        let Some(function) = tool.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{at}.function is required"),
+            ));
+        };
+        let Some(name) = function.get("name").and_then(Value::as_str) else {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{at}.function.name is required"),
+            ));
+        };
+        check_name(FLAVOR, name, &format!("{at}.function.name"))?;
+        let parameters = function
+            .get("parameters")
+            .cloned()
+            .unwrap_or_else(|| json!({"type": "object", "properties": {}}));
+        check_schema(FLAVOR, &parameters, &format!("{at}.function.parameters"))?;
+        let description = match function.get("description") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(d)) => Some(d.clone()),
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!("{at}.function.description must be a string, got {other}"),
+                ));
+            }
+        };
+        defs.push(ToolDef {
+            name: name.to_string(),
+            description,
+            parameters,
+        });
+    }
+    check_unique(FLAVOR, &defs)?;
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => ToolChoice::Auto,
+            "none" => ToolChoice::None,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!(
+                        "tool_choice `{other}` is not one of none, auto, required or a named function"
+                    ),
+                ));
+            }
+        },
+        Some(object) => {
+            let name = object
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str);
+            match (object.get("type").and_then(Value::as_str), name) {
+                (Some("function"), Some(name)) => ToolChoice::Named(name.to_string()),
+                _ => {
+                    return Err(ApiError::invalid(
+                        FLAVOR,
+                        format!(
+                            "tool_choice must be none, auto, required or {{\"type\": \"function\", \"function\": {{\"name\": …}}}}, got {object}"
+                        ),
+                    ));
+                }
+            }
+        }
+    };
+    if let ToolChoice::Named(name) = &choice
+        && !defs.iter().any(|t| &t.name == name)
+    {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            format!("tool_choice names the function `{name}`, which is not in tools"),
+        ));
+    }
+    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && defs.is_empty() {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "tool_choice requires a tool call, but tools is empty",
+        ));
+    }
+    Ok(ToolSet {
+        tools: defs,
+        choice,
+        parallel: parallel.unwrap_or(true),
+    })
+}
+
+/// Text of a message's content (text parts only).
+fn content_text(content: Option<MessageContent>, i: usize) -> Result<String, ApiError> {
+    match content {
+        None => Ok(String::new()),
+        Some(MessageContent::Text(text)) => Ok(text),
+        Some(MessageContent::Parts(parts)) => {
+            let mut text = String::new();
+            for (j, part) in parts.into_iter().enumerate() {
+                match (part.kind.as_str(), part.text) {
+                    ("text", Some(t)) => text.push_str(&t),
+                    (kind, _) => {
+                        return Err(ApiError::invalid(
+                            FLAVOR,
+                            format!("messages[{i}].content[{j}]: only text parts are supported, got `{kind}`"),
+                        )
+                        .with_code("unsupported_content"));
+                    }
+                }
+            }
+            Ok(text)
+        }
+    }
+}
+
+/// OpenAI messages as chat-template turns, tool calls and results included.
 fn chat_messages(messages: Vec<RequestMessage>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(FLAVOR, "messages must not be empty"));
     }
-    messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, message)| {
-            let role = match message.role.as_str() {
-                "system" | "developer" => "system",
-                "user" => "user",
-                "assistant" => "assistant",
-                other => {
+    let mut call_ids: HashSet<String> = HashSet::new();
+    let mut turns = Vec::with_capacity(messages.len());
+    for (i, message) in messages.into_iter().enumerate() {
+        let role = match message.role.as_str() {
+            "system" | "developer" => "system",
+            "user" => "user",
+            "assistant" => "assistant",
+            "tool" => "tool",
+            other => {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!(
+                        "messages[{i}].role `{other}` is not supported (system, developer, user, assistant, tool)"
+                    ),
+                ));
+            }
+        };
+        let mut turn = ChatMessage::new(role, content_text(message.content, i)?);
+        if let Some(calls) = message.tool_calls.filter(|c| !c.is_empty()) {
+            if role != "assistant" {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!("messages[{i}]: only assistant messages have tool_calls"),
+                ));
+            }
+            let mut rendered = Vec::with_capacity(calls.len());
+            for (j, call) in calls.into_iter().enumerate() {
+                if call.kind.as_deref().is_some_and(|k| k != "function") {
                     return Err(ApiError::invalid(
                         FLAVOR,
-                        format!("messages[{i}].role `{other}` is not supported (system, developer, user, assistant)"),
-                    ))
+                        format!("messages[{i}].tool_calls[{j}].type must be `function`"),
+                    ));
                 }
+                let text = call.function.arguments.unwrap_or_else(|| "{}".into());
+                let arguments: Value = serde_json::from_str(&text).map_err(|e| {
+                    ApiError::invalid(
+                        FLAVOR,
+                        format!("messages[{i}].tool_calls[{j}].function.arguments is not valid JSON: {e}"),
+                    )
+                })?;
+                let id = call.id.unwrap_or_else(|| format!("call_{i}_{j}"));
+                call_ids.insert(id.clone());
+                rendered.push(json!({
+                    "id": id,
+                    "type": "function",
+                    "function": {"name": call.function.name, "arguments": arguments},
+                }));
+            }
+            turn.tool_calls = Some(Value::Array(rendered));
+        }
+        if role == "tool" {
+            let Some(id) = message.tool_call_id else {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!("messages[{i}]: a tool message needs tool_call_id"),
+                ));
             };
-            let content = match message.content {
-                None => String::new(),
-                Some(MessageContent::Text(text)) => text,
-                Some(MessageContent::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (j, part) in parts.into_iter().enumerate() {
-                        match (part.kind.as_str(), part.text) {
-                            ("text", Some(t)) => text.push_str(&t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid(
-                                    FLAVOR,
-                                    format!("messages[{i}].content[{j}]: only text parts are supported, got `{kind}`"),
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            Ok(ChatMessage::new(role, content))
+            if !call_ids.contains(&id) {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!(
+                        "messages[{i}]: tool_call_id `{id}` does not answer any tool call of an earlier assistant message"
+                    ),
+                ));
+            }
+            turn.tool_call_id = Some(id);
+            turn.name = message.name;
+        }
+        turns.push(turn);
+    }
+    Ok(turns)
+}
+
+/// At most one of the grammar sources.
+fn one_grammar(
+    sources: [(&str, Option<GrammarSpec>); 3],
+) -> Result<Option<(String, GrammarSpec)>, ApiError> {
+    let mut given = sources
+        .into_iter()
+        .filter_map(|(field, spec)| spec.map(|s| (field.to_string(), s)));
+    let first = given.next();
+    if let Some((other, _)) = given.next() {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            format!(
+                "{} and {other} cannot be used together",
+                first.as_ref().map_or("", |f| f.0.as_str())
+            ),
+        ));
+    }
+    Ok(first)
+}
+
+/// The log-probability fields of one token, OpenAI's chat shape.
+fn logprob_entry(engine: &dyn Engine, lp: &TokenLogprobs) -> Value {
+    let vocabulary = engine.vocabulary();
+    let token = |id: u32| {
+        let bytes = match &vocabulary {
+            Some(v) => {
+                let piece = v.tokens.get(id as usize).map(Vec::as_slice).unwrap_or(&[]);
+                piece
+                    .strip_prefix(&[flatrun_model::sampling::Vocabulary::SPECIAL])
+                    .unwrap_or(piece)
+                    .to_vec()
+            }
+            None => engine.detokenize(&[id]).unwrap_or_default().into_bytes(),
+        };
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    };
+    let (text, bytes) = token(lp.token);
+    let top: Vec<Value> = lp
+        .top
+        .iter()
+        .map(|&(id, logprob)| {
+            let (text, bytes) = token(id);
+            json!({"token": text, "logprob": finite(logprob), "bytes": bytes})
+        })
+        .collect();
+    json!({"token": text, "logprob": finite(lp.logprob), "bytes": bytes, "top_logprobs": top})
+}
+
+/// JSON has no infinity: impossible tokens get OpenAI's floor of -9999.
+fn finite(logprob: f32) -> f32 {
+    if logprob.is_finite() {
+        logprob
+    } else {
+        -9999.0
+    }
+}
+
+/// One tool call in a response.
+fn tool_call_json(call: &ParsedToolCall) -> Value {
+    json!({
+        "id": format!("call_{}", random_id()),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    })
+}
+
+/// What every choice of a request shares.
+#[derive(Clone)]
+struct ChoiceSettings {
+    chat: bool,
+    /// Split `<think>` reasoning into `reasoning_content`.
+    reasoning: bool,
+    tools: Option<flatrun_model::chat_template::tools::ToolSyntax>,
+    parallel: bool,
+    logprobs: bool,
+    /// Completions: the prompt text to put before the answer.
+    echo: Option<String>,
+}
+
+/// Submits `n` generations of one prompt (seeds `seed`, `seed + 1`, …).
+fn submit_n(
+    state: &AppState,
+    engine: &dyn Engine,
+    request: GenerationRequest,
+    max_tokens: Option<u64>,
+    n: usize,
+) -> Result<Vec<GenerationStream>, ApiError> {
+    (0..n)
+        .map(|i| {
+            let mut request = request.clone();
+            if let Some(seed) = request.sampling.seed {
+                request.sampling.seed = Some(seed.wrapping_add(i as u64));
+            }
+            state.submit_request(FLAVOR, engine, request, max_tokens)
         })
         .collect()
 }
@@ -215,25 +571,123 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
     let engine = state.engine(FLAVOR)?;
     let request: ChatCompletionRequest = parse_json(FLAVOR, body)?;
     let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
-    check_n(request.n)?;
+    let n = check_n(request.n)?;
+    if request.audio.is_some() {
+        return Err(unsupported("audio", "this server generates text only"));
+    }
+    if let Some(modalities) = &request.modalities
+        && modalities.iter().any(|m| m != "text")
+    {
+        return Err(unsupported("modalities", "only `text` is available"));
+    }
+    if request.prediction.is_some() {
+        return Err(unsupported(
+            "prediction",
+            "predicted outputs are not implemented",
+        ));
+    }
+    if request.web_search_options.is_some() {
+        return Err(unsupported(
+            "web_search_options",
+            "this server has no web search",
+        ));
+    }
+    let top_logprobs = match (request.logprobs.unwrap_or(false), request.top_logprobs) {
+        (_, Some(k)) if k > 20 => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("top_logprobs must be between 0 and 20, got {k}"),
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                "top_logprobs requires logprobs to be true",
+            ));
+        }
+        (true, k) => Some(k.unwrap_or(0) as usize),
+        (false, None) => None,
+    };
+    let tools = tool_set(
+        request.tools,
+        request.tool_choice,
+        request.parallel_tool_calls,
+    )?;
+    let syntax = engine.tool_syntax();
+    if tools.active() && syntax.is_none() {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            "tools are not supported by this model: its chat template has no tool-call syntax",
+        ));
+    }
     let messages = chat_messages(request.messages)?;
     // OpenAI's own API answers a final assistant message with a new turn;
     // `continue_final_message` (as vLLM) continues it instead.
-    let prompt = if request.continue_final_message.unwrap_or(false) {
-        engine.encode_chat_continuing(&messages)
-    } else {
-        engine.encode_chat(&messages)
-    }
-    .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
-    let sampling = state.sampling(SamplingOverrides {
+    let prompt = engine
+        .encode_chat_tools(
+            &messages,
+            tools.template_value().as_ref(),
+            request.continue_final_message.unwrap_or(false),
+        )
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+    // The grammar: a forced call, else the response format, else the extensions.
+    let forced = tools.forced();
+    let forced_grammar = match (syntax, forced.is_empty()) {
+        (Some(syntax), false) => Some(forced_call_grammar(syntax, &forced, tools.parallel)),
+        _ => None,
+    };
+    let format_grammar = match &request.response_format {
+        Some(format) => response_format_grammar(FLAVOR, format)?,
+        None => None,
+    };
+    let grammar = one_grammar([
+        ("tool_choice", forced_grammar),
+        ("response_format", format_grammar),
+        ("regex", request.regex.map(GrammarSpec::Regex)),
+    ])?;
+    let grammar = match (grammar, request.grammar) {
+        (Some((field, _)), Some(_)) => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("{field} and grammar cannot be used together"),
+            ));
+        }
+        (None, Some(lark)) => Some(("grammar".to_string(), GrammarSpec::Lark(lark))),
+        (g, None) => g,
+    };
+    let constraint = match &grammar {
+        Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
+        None => None,
+    };
+    let mut sampling = state.sampling(SamplingOverrides {
         temperature: request.temperature,
         top_p: request.top_p,
-        top_k: None,
+        top_k: request.top_k.map(|k| k as usize),
         seed: request.seed,
     });
+    request
+        .extra
+        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
+    check_stop(FLAVOR, &stop, "stop")?;
     let max_tokens = request.max_completion_tokens.or(request.max_tokens);
-    let generation = state.submit(FLAVOR, engine.as_ref(), prompt, max_tokens, sampling, stop)?;
+    let generation = GenerationRequest {
+        prompt,
+        sampling,
+        stop,
+        logprobs: top_logprobs,
+        constraint,
+        ..GenerationRequest::default()
+    };
+    let streams = submit_n(&state, engine.as_ref(), generation, max_tokens, n)?;
+    let settings = ChoiceSettings {
+        chat: true,
+        reasoning: true,
+        tools: syntax.filter(|_| tools.active()),
+        parallel: tools.parallel,
+        logprobs: top_logprobs.is_some(),
+        echo: None,
+    };
     let meta = ChunkMeta {
         id: format!("chatcmpl-{}", random_id()),
         created: unix_time(),
@@ -241,24 +695,117 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
     };
     if request.stream.unwrap_or(false) {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let stream = SseState::new(generation, meta, include_usage, true);
-        return Ok(sse(stream, state.config.ping_interval));
+        return Ok(sse(
+            engine,
+            streams,
+            settings,
+            meta,
+            include_usage,
+            state.config.ping_interval,
+        ));
     }
-    let (text, reason, usage) = generation.collect_text().await.map_err(internal)?;
+    respond(engine.as_ref(), streams, &settings, meta).await
+}
+
+/// The non-streamed response of either endpoint.
+async fn respond(
+    engine: &dyn Engine,
+    streams: Vec<GenerationStream>,
+    settings: &ChoiceSettings,
+    meta: ChunkMeta,
+) -> Result<Response, ApiError> {
+    let results = futures::future::join_all(streams.into_iter().map(Collected::from_stream)).await;
+    let mut choices = Vec::with_capacity(results.len());
+    let mut usage = Usage::default();
+    for (index, result) in results.into_iter().enumerate() {
+        let collected = result.map_err(internal)?;
+        usage.prompt_tokens = collected.usage.prompt_tokens;
+        usage.completion_tokens += collected.usage.completion_tokens;
+        choices.push(choice_json(engine, settings, index, &collected));
+    }
     Ok(Json(json!({
         "id": meta.id,
-        "object": "chat.completion",
+        "object": if settings.chat { "chat.completion" } else { "text_completion" },
         "created": meta.created,
         "model": meta.model,
-        "choices": [{
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "logprobs": null,
-            "finish_reason": finish_reason(&reason),
-        }],
+        "choices": choices,
         "usage": usage_json(usage),
     }))
     .into_response())
+}
+
+/// One whole choice.
+fn choice_json(
+    engine: &dyn Engine,
+    settings: &ChoiceSettings,
+    index: usize,
+    c: &Collected,
+) -> Value {
+    if !settings.chat {
+        let mut text = settings.echo.clone().unwrap_or_default();
+        let offset = text.len();
+        text.push_str(&c.text);
+        let logprobs = settings
+            .logprobs
+            .then(|| legacy_logprobs(engine, &c.logprobs, offset));
+        return json!({
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": finish_reason(&c.reason),
+        });
+    }
+    let mut answer = parse_answer(&c.text, settings.reasoning, settings.tools);
+    if !settings.parallel {
+        answer.tool_calls.truncate(1);
+    }
+    let mut message = json!({"role": "assistant", "content": answer.content});
+    if let Some(reasoning) = answer.reasoning {
+        message["reasoning_content"] = json!(reasoning);
+    }
+    let finish = if answer.tool_calls.is_empty() {
+        finish_reason(&c.reason)
+    } else {
+        if answer.content.is_empty() {
+            message["content"] = Value::Null;
+        }
+        message["tool_calls"] = answer.tool_calls.iter().map(tool_call_json).collect();
+        "tool_calls"
+    };
+    let logprobs = settings.logprobs.then(|| {
+        json!({"content": c.logprobs.iter().map(|lp| logprob_entry(engine, lp)).collect::<Vec<_>>()})
+    });
+    json!({
+        "index": index,
+        "message": message,
+        "logprobs": logprobs,
+        "finish_reason": finish,
+    })
+}
+
+/// The completions endpoint's `logprobs` object.
+fn legacy_logprobs(engine: &dyn Engine, tokens: &[TokenLogprobs], mut offset: usize) -> Value {
+    let mut texts = Vec::new();
+    let mut logprobs = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for lp in tokens {
+        let entry = logprob_entry(engine, lp);
+        let text = entry["token"].as_str().unwrap_or_default().to_string();
+        offsets.push(offset);
+        offset += text.len();
+        let mut top = Map::new();
+        for alt in entry["top_logprobs"].as_array().into_iter().flatten() {
+            top.insert(
+                alt["token"].as_str().unwrap_or_default().to_string(),
+                alt["logprob"].clone(),
+            );
+        }
+        texts.push(text);
+        logprobs.push(entry["logprob"].clone());
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
 }
 
 /// `POST /v1/completions`.
@@ -273,9 +820,31 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
     let engine = state.engine(FLAVOR)?;
     let request: CompletionRequest = parse_json(FLAVOR, body)?;
     let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
-    check_n(request.n)?;
-    if request.echo == Some(true) {
-        return Err(ApiError::invalid(FLAVOR, "echo is not supported"));
+    let n = check_n(request.n)?;
+    if request.best_of.is_some_and(|b| b as usize != n) {
+        return Err(unsupported("best_of", "each choice is returned (use n)"));
+    }
+    if request.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+        return Err(unsupported(
+            "suffix",
+            "fill-in-the-middle is not implemented",
+        ));
+    }
+    let logprobs = match request.logprobs {
+        Some(k) if k > 5 => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("logprobs must be between 0 and 5, got {k}"),
+            ));
+        }
+        k => k.map(|k| k as usize),
+    };
+    let echo = request.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(unsupported(
+            "echo with logprobs",
+            "log-probabilities of the prompt's tokens are not computed",
+        ));
     }
     let prompt_text = match request.prompt {
         PromptField::One(text) => text,
@@ -290,16 +859,45 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
     let prompt = engine
         .tokenize(&prompt_text, true)
         .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
-    let sampling = state.sampling(SamplingOverrides {
+    let grammar = one_grammar([
+        ("regex", request.regex.map(GrammarSpec::Regex)),
+        ("grammar", request.grammar.map(GrammarSpec::Lark)),
+        ("", None),
+    ])?;
+    let constraint = match &grammar {
+        Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
+        None => None,
+    };
+    let mut sampling = state.sampling(SamplingOverrides {
         temperature: request.temperature,
         top_p: request.top_p,
-        top_k: None,
+        top_k: request.top_k.map(|k| k as usize),
         seed: request.seed,
     });
+    request
+        .extra
+        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
+    check_stop(FLAVOR, &stop, "stop")?;
     // OpenAI's legacy default is 16 tokens.
     let max_tokens = Some(request.max_tokens.unwrap_or(16));
-    let generation = state.submit(FLAVOR, engine.as_ref(), prompt, max_tokens, sampling, stop)?;
+    let generation = GenerationRequest {
+        prompt,
+        sampling,
+        stop,
+        logprobs,
+        constraint,
+        ..GenerationRequest::default()
+    };
+    let streams = submit_n(&state, engine.as_ref(), generation, max_tokens, n)?;
+    let settings = ChoiceSettings {
+        chat: false,
+        reasoning: false,
+        tools: None,
+        parallel: false,
+        logprobs: logprobs.is_some(),
+        echo: echo.then_some(prompt_text),
+    };
     let meta = ChunkMeta {
         id: format!("cmpl-{}", random_id()),
         created: unix_time(),
@@ -307,24 +905,16 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
     };
     if request.stream.unwrap_or(false) {
         let include_usage = request.stream_options.is_some_and(|o| o.include_usage);
-        let stream = SseState::new(generation, meta, include_usage, false);
-        return Ok(sse(stream, state.config.ping_interval));
+        return Ok(sse(
+            engine,
+            streams,
+            settings,
+            meta,
+            include_usage,
+            state.config.ping_interval,
+        ));
     }
-    let (text, reason, usage) = generation.collect_text().await.map_err(internal)?;
-    Ok(Json(json!({
-        "id": meta.id,
-        "object": "text_completion",
-        "created": meta.created,
-        "model": meta.model,
-        "choices": [{
-            "index": 0,
-            "text": text,
-            "logprobs": null,
-            "finish_reason": finish_reason(&reason),
-        }],
-        "usage": usage_json(usage),
-    }))
-    .into_response())
+    respond(engine.as_ref(), streams, &settings, meta).await
 }
 
 fn internal(message: String) -> ApiError {
@@ -359,155 +949,283 @@ fn model_object(name: &str) -> Value {
 }
 
 /// What every chunk of one stream repeats.
+#[derive(Clone)]
 struct ChunkMeta {
     id: String,
     created: u64,
     model: String,
 }
 
-/// Where an OpenAI stream is.
-enum Phase {
-    /// Chat only: the first chunk, carrying the role.
-    Role,
-    Tokens,
-    /// The finish chunk is next.
-    Finish(FinishReason, Usage),
-    /// The usage chunk is next (with `include_usage`).
-    Usage(Usage),
-    Done,
-    End,
+/// What one choice's stream yields.
+enum ChoiceItem {
+    /// A choice object (`delta` or `text`) for one chunk.
+    Choice(Value),
+    /// The choice ended normally with this usage.
+    Done(Usage),
+    /// The choice failed.
+    Error(String),
 }
 
-/// State of an OpenAI SSE stream (chat or completions).
-struct SseState {
+/// The chunks of one choice, as its generation produces tokens.
+struct ChoiceStream {
+    index: usize,
+    engine: std::sync::Arc<dyn Engine>,
     generation: GenerationStream,
+    settings: ChoiceSettings,
+    parser: Option<OutputParser>,
+    /// Chat: the role chunk is next.
+    role_pending: bool,
+    /// Log-probabilities of tokens whose text is not released yet.
+    pending_logprobs: Vec<TokenLogprobs>,
+    /// Completions: bytes of text sent so far (for `text_offset`).
+    offset: usize,
+    calls: usize,
+    finished: bool,
+}
+
+impl ChoiceStream {
+    fn new(
+        index: usize,
+        engine: std::sync::Arc<dyn Engine>,
+        generation: GenerationStream,
+        settings: ChoiceSettings,
+    ) -> ChoiceStream {
+        let parser = settings
+            .chat
+            .then(|| OutputParser::new(settings.reasoning, settings.tools));
+        ChoiceStream {
+            index,
+            engine,
+            generation,
+            parser,
+            role_pending: settings.chat,
+            offset: settings.echo.as_ref().map_or(0, String::len),
+            settings,
+            pending_logprobs: Vec::new(),
+            calls: 0,
+            finished: false,
+        }
+    }
+
+    /// The logprobs of a chunk, taking the pending ones.
+    fn take_logprobs(&mut self) -> Value {
+        if !self.settings.logprobs {
+            return Value::Null;
+        }
+        let tokens = std::mem::take(&mut self.pending_logprobs);
+        if self.settings.chat {
+            let entries: Vec<Value> = tokens
+                .iter()
+                .map(|lp| logprob_entry(self.engine.as_ref(), lp))
+                .collect();
+            json!({"content": entries})
+        } else {
+            let value = legacy_logprobs(self.engine.as_ref(), &tokens, self.offset);
+            self.offset += value["tokens"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| t.as_str().map_or(0, str::len))
+                .sum::<usize>();
+            value
+        }
+    }
+
+    fn chat_chunk(&mut self, delta: Value, finish: Option<&str>) -> Value {
+        let logprobs = if finish.is_none() || !self.pending_logprobs.is_empty() {
+            self.take_logprobs()
+        } else {
+            Value::Null
+        };
+        json!({"index": self.index, "delta": delta, "logprobs": logprobs, "finish_reason": finish})
+    }
+
+    fn text_chunk(&mut self, text: &str, finish: Option<&str>) -> Value {
+        let logprobs = self.take_logprobs();
+        json!({"index": self.index, "text": text, "logprobs": logprobs, "finish_reason": finish})
+    }
+
+    /// Chunks for parsed output events.
+    fn chat_events(&mut self, events: Vec<OutputEvent>, items: &mut Vec<ChoiceItem>) {
+        for event in events {
+            match event {
+                OutputEvent::Content(text) if text.is_empty() => {}
+                OutputEvent::Content(text) => {
+                    let chunk = self.chat_chunk(json!({"content": text}), None);
+                    items.push(ChoiceItem::Choice(chunk));
+                }
+                OutputEvent::Reasoning(text) => {
+                    let chunk = self.chat_chunk(json!({"reasoning_content": text}), None);
+                    items.push(ChoiceItem::Choice(chunk));
+                }
+                OutputEvent::ToolCall(call) => {
+                    if !self.settings.parallel && self.calls > 0 {
+                        continue;
+                    }
+                    let index = self.calls;
+                    self.calls += 1;
+                    // As OpenAI streams a call: id, type and name with empty
+                    // arguments first, then the arguments.
+                    let head = json!({"tool_calls": [{
+                        "index": index,
+                        "id": format!("call_{}", random_id()),
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": ""},
+                    }]});
+                    let chunk = self.chat_chunk(head, None);
+                    items.push(ChoiceItem::Choice(chunk));
+                    let args = json!({"tool_calls": [{"index": index, "function": {"arguments": call.arguments}}]});
+                    let chunk = self.chat_chunk(args, None);
+                    items.push(ChoiceItem::Choice(chunk));
+                }
+            }
+        }
+    }
+
+    /// The next chunks; `None` once the choice is over.
+    async fn next(mut self) -> Option<(Vec<ChoiceItem>, Self)> {
+        if self.finished {
+            return None;
+        }
+        let mut items = Vec::new();
+        if self.role_pending {
+            self.role_pending = false;
+            let chunk = self.chat_chunk(json!({"role": "assistant", "content": ""}), None);
+            items.push(ChoiceItem::Choice(chunk));
+            return Some((items, self));
+        }
+        if let Some(echo) = self.settings.echo.take() {
+            items.push(ChoiceItem::Choice(
+                json!({"index": self.index, "text": echo, "logprobs": null, "finish_reason": null}),
+            ));
+            return Some((items, self));
+        }
+        match GenerationItem::next(&mut self.generation).await {
+            GenerationItem::Token { text, logprobs } => {
+                self.pending_logprobs.extend(logprobs);
+                if self.settings.chat {
+                    let events = self
+                        .parser
+                        .as_mut()
+                        .map(|p| p.push(&text))
+                        .unwrap_or_default();
+                    self.chat_events(events, &mut items);
+                } else if !text.is_empty() {
+                    let chunk = self.text_chunk(&text, None);
+                    items.push(ChoiceItem::Choice(chunk));
+                }
+            }
+            GenerationItem::Finished {
+                text,
+                reason,
+                usage,
+            } => {
+                self.finished = true;
+                if self.settings.chat {
+                    let mut events = self
+                        .parser
+                        .as_mut()
+                        .map(|p| p.push(&text))
+                        .unwrap_or_default();
+                    events.extend(
+                        self.parser
+                            .take()
+                            .map(OutputParser::finish)
+                            .unwrap_or_default(),
+                    );
+                    self.chat_events(events, &mut items);
+                    let finish = if self.calls > 0 {
+                        "tool_calls"
+                    } else {
+                        finish_reason(&reason)
+                    };
+                    let chunk = self.chat_chunk(json!({}), Some(finish));
+                    items.push(ChoiceItem::Choice(chunk));
+                } else {
+                    if !text.is_empty() {
+                        let chunk = self.text_chunk(&text, None);
+                        items.push(ChoiceItem::Choice(chunk));
+                    }
+                    let chunk = self.text_chunk("", Some(finish_reason(&reason)));
+                    items.push(ChoiceItem::Choice(chunk));
+                }
+                items.push(ChoiceItem::Done(usage));
+            }
+            GenerationItem::Failed(message) => {
+                self.finished = true;
+                items.push(ChoiceItem::Error(message));
+            }
+        }
+        Some((items, self))
+    }
+}
+
+/// The SSE response of `n` choices. While no chunk comes (waiting in the
+/// queue, a long prefill) an SSE comment line every `keep_alive` keeps the
+/// connection alive and lets the server notice a client that went away.
+fn sse(
+    engine: std::sync::Arc<dyn Engine>,
+    streams: Vec<GenerationStream>,
+    settings: ChoiceSettings,
     meta: ChunkMeta,
     include_usage: bool,
-    chat: bool,
-    phase: Phase,
-}
-
-impl SseState {
-    fn new(generation: GenerationStream, meta: ChunkMeta, include_usage: bool, chat: bool) -> Self {
-        SseState {
-            generation,
-            meta,
-            include_usage,
-            chat,
-            phase: if chat { Phase::Role } else { Phase::Tokens },
-        }
-    }
-
-    /// One chunk with `delta` (chat) or `text` (completions).
-    fn chunk(&self, text: Option<&str>, role: bool, finish: Option<&FinishReason>) -> Value {
-        let choice = if self.chat {
-            let mut delta = serde_json::Map::new();
-            if role {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            if let Some(text) = text {
-                delta.insert("content".into(), json!(text));
-            }
-            json!({
-                "index": 0,
-                "delta": delta,
-                "logprobs": null,
-                "finish_reason": finish.map(finish_reason),
-            })
-        } else {
-            json!({
-                "index": 0,
-                "text": text.unwrap_or(""),
-                "logprobs": null,
-                "finish_reason": finish.map(finish_reason),
-            })
-        };
-        self.envelope(vec![choice], None)
-    }
-
-    fn envelope(&self, choices: Vec<Value>, usage: Option<Usage>) -> Value {
+    keep_alive: Duration,
+) -> Response {
+    let chat = settings.chat;
+    let n = streams.len();
+    let choices = stream::select_all(streams.into_iter().enumerate().map(|(index, generation)| {
+        let choice = ChoiceStream::new(index, engine.clone(), generation, settings.clone());
+        stream::unfold(choice, ChoiceStream::next)
+            .flat_map(stream::iter)
+            .boxed()
+    }));
+    let envelope = move |choices: Vec<Value>, usage: Option<Usage>| {
         let mut chunk = json!({
-            "id": self.meta.id,
-            "object": if self.chat { "chat.completion.chunk" } else { "text_completion" },
-            "created": self.meta.created,
-            "model": self.meta.model,
+            "id": meta.id,
+            "object": if chat { "chat.completion.chunk" } else { "text_completion" },
+            "created": meta.created,
+            "model": meta.model,
             "choices": choices,
         });
-        if self.include_usage {
+        if include_usage {
             chunk["usage"] = usage.map_or(Value::Null, usage_json);
         }
-        chunk
-    }
-
-    /// The next SSE event, or `None` at the end.
-    async fn next(mut self) -> Option<(Event, Self)> {
-        loop {
-            let data = match std::mem::replace(&mut self.phase, Phase::End) {
-                Phase::Role => {
-                    self.phase = Phase::Tokens;
-                    self.chunk(Some(""), true, None).to_string()
-                }
-                Phase::Tokens => match self.generation.next_event().await {
-                    Some(GenerationEvent::Token { text, .. }) => {
-                        self.phase = Phase::Tokens;
-                        if text.is_empty() {
-                            continue;
-                        }
-                        self.chunk(Some(&text), false, None).to_string()
+        chunk.to_string()
+    };
+    // Every choice's chunks as they come; after the last choice ends, the
+    // usage chunk (with `include_usage`) and `[DONE]`.
+    let mut done = 0;
+    let mut total = Usage::default();
+    let mut failed = false;
+    let events = choices
+        .map(move |item| match item {
+            ChoiceItem::Choice(choice) => vec![envelope(vec![choice], None)],
+            ChoiceItem::Done(usage) => {
+                done += 1;
+                total.prompt_tokens = usage.prompt_tokens;
+                total.completion_tokens += usage.completion_tokens;
+                let mut tail = Vec::new();
+                if done == n {
+                    if include_usage {
+                        tail.push(envelope(Vec::new(), Some(total)));
                     }
-                    Some(GenerationEvent::Finished {
-                        reason,
-                        usage,
-                        text,
-                    }) => {
-                        self.phase = Phase::Finish(reason, usage);
-                        if text.is_empty() {
-                            continue;
-                        }
-                        self.chunk(Some(&text), false, None).to_string()
-                    }
-                    Some(GenerationEvent::Failed { message }) => {
-                        self.phase = Phase::Done;
-                        ApiError::new(FLAVOR, ErrorKind::Internal, message)
-                            .body()
-                            .to_string()
-                    }
-                    None => {
-                        self.phase = Phase::Done;
-                        ApiError::new(FLAVOR, ErrorKind::Internal, "generation ended unexpectedly")
-                            .body()
-                            .to_string()
-                    }
-                },
-                Phase::Finish(reason, usage) => {
-                    self.phase = if self.include_usage {
-                        Phase::Usage(usage)
-                    } else {
-                        Phase::Done
-                    };
-                    let text = if self.chat { None } else { Some("") };
-                    self.chunk(text, false, Some(&reason)).to_string()
+                    tail.push("[DONE]".to_string());
                 }
-                Phase::Usage(usage) => {
-                    self.phase = Phase::Done;
-                    self.envelope(Vec::new(), Some(usage)).to_string()
-                }
-                Phase::Done => {
-                    self.phase = Phase::End;
-                    "[DONE]".to_string()
-                }
-                Phase::End => return None,
-            };
-            return Some((Event::default().data(data), self));
-        }
-    }
-}
-
-/// The SSE response. While no chunk comes (waiting in the queue, a long
-/// prefill) an SSE comment line every `keep_alive` keeps the connection
-/// alive and lets the server notice a client that went away.
-fn sse(state: SseState, keep_alive: Duration) -> Response {
-    let events = stream::unfold(state, SseState::next);
+                tail
+            }
+            ChoiceItem::Error(message) if !failed => {
+                failed = true;
+                vec![
+                    ApiError::new(FLAVOR, ErrorKind::Internal, message)
+                        .body()
+                        .to_string(),
+                    "[DONE]".to_string(),
+                ]
+            }
+            ChoiceItem::Error(_) => Vec::new(),
+        })
+        .flat_map(stream::iter)
+        .map(|data| Event::default().data(data));
     Sse::new(ok_events(events))
         .keep_alive(KeepAlive::new().interval(keep_alive))
         .into_response()
@@ -516,6 +1234,126 @@ fn sse(state: SseState, keep_alive: Duration) -> Response {
 fn ok_events(
     events: impl Stream<Item = Event> + Send + 'static,
 ) -> impl Stream<Item = Result<Event, Infallible>> + Send + 'static {
-    use futures::StreamExt;
     events.map(Ok)
+}
+
+/// `input` of an embeddings request: text(s) or token ids.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// The fields of `POST /v1/embeddings`.
+#[derive(Debug, Deserialize)]
+pub struct EmbeddingRequest {
+    #[serde(default)]
+    pub model: Option<String>,
+    pub input: EmbeddingInput,
+    #[serde(default)]
+    pub encoding_format: Option<String>,
+    /// Refused: the model's hidden size is the only one.
+    #[serde(default)]
+    pub dimensions: Option<u64>,
+    #[serde(default)]
+    pub user: Option<String>,
+}
+
+/// The most inputs one embeddings request may hold.
+const MAX_EMBEDDING_INPUTS: usize = 256;
+
+/// `POST /v1/embeddings`: the model's final-normed hidden states, mean
+/// pooled over the input's tokens and L2-normalized.
+pub async fn embeddings(State(state): State<AppState>, body: RawBody) -> Response {
+    match embeddings_inner(state, body).await {
+        Ok(response) => response,
+        Err(error) => error.into_response(),
+    }
+}
+
+async fn embeddings_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
+    use base64::Engine as _;
+    let engine = state.engine(FLAVOR)?;
+    let request: EmbeddingRequest = parse_json(FLAVOR, body)?;
+    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    if request.dimensions.is_some() {
+        return Err(unsupported(
+            "dimensions",
+            "embeddings have the model's hidden size and cannot be shortened",
+        ));
+    }
+    let base64 = match request.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!("encoding_format must be float or base64, got `{other}`"),
+            ));
+        }
+    };
+    let inputs: Vec<Vec<u32>> = match request.input {
+        EmbeddingInput::Text(text) => vec![tokenize_input(engine.as_ref(), &text)?],
+        EmbeddingInput::Texts(texts) => texts
+            .iter()
+            .map(|t| tokenize_input(engine.as_ref(), t))
+            .collect::<Result<_, _>>()?,
+        EmbeddingInput::Tokens(tokens) => vec![tokens],
+        EmbeddingInput::TokenLists(lists) => lists,
+    };
+    if inputs.is_empty() || inputs.len() > MAX_EMBEDDING_INPUTS {
+        return Err(ApiError::invalid(
+            FLAVOR,
+            format!(
+                "input must hold 1 to {MAX_EMBEDDING_INPUTS} items, got {}",
+                inputs.len()
+            ),
+        ));
+    }
+    let vocab = engine.vocab_size();
+    let mut data = Vec::with_capacity(inputs.len());
+    let mut tokens = 0;
+    for (index, input) in inputs.into_iter().enumerate() {
+        if let Some(vocab) = vocab
+            && let Some(&bad) = input.iter().find(|&&t| t as usize >= vocab)
+        {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                format!(
+                    "input[{index}]: token id {bad} is outside the vocabulary of {vocab} tokens"
+                ),
+            ));
+        }
+        tokens += input.len();
+        let receiver = engine
+            .embed(input)
+            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+        let vector = receiver
+            .await
+            .map_err(|_| internal("the engine dropped the embedding".into()))?
+            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+        let embedding = if base64 {
+            let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
+            json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+        } else {
+            json!(vector)
+        };
+        data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+    }
+    Ok(Json(json!({
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }))
+    .into_response())
+}
+
+fn tokenize_input(engine: &dyn Engine, text: &str) -> Result<Vec<u32>, ApiError> {
+    engine
+        .tokenize(text, true)
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))
 }

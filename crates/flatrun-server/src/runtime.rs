@@ -26,9 +26,11 @@
 //! [`StreamingExecutor::step_batch`]: flatrun_runtime::StreamingExecutor::step_batch
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
+use flatrun_model::sampling::Vocabulary;
 use flatrun_model::tokenizer::StreamDecoder;
 use flatrun_runtime::{Model, RuntimeError, Sequence, StepOptions, Tokenizer};
 
@@ -55,6 +57,8 @@ pub struct RuntimeText {
     context_length: usize,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
+    /// Every token's bytes, made on first use (grammars).
+    vocabulary: Arc<OnceLock<Arc<Vocabulary>>>,
 }
 
 impl RuntimeText {
@@ -72,6 +76,7 @@ impl RuntimeText {
             context_length: model.executor().context_size(),
             tokenizer: model.tokenizer()?.clone(),
             template: model.chat_template().ok().cloned(),
+            vocabulary: Arc::default(),
         })
     }
 
@@ -117,6 +122,61 @@ impl TextModel for RuntimeText {
                 &self.piece(self.tokenizer.eos()),
             )
             .map_err(|e| ModelError(e.to_string()))
+    }
+
+    fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &serde_json::Value,
+    ) -> Option<Result<String, ModelError>> {
+        let template = self.template.as_ref()?;
+        template.tool_syntax()?;
+        Some(
+            template
+                .render_with_tools(
+                    messages,
+                    tools,
+                    true,
+                    &self.piece(self.tokenizer.bos()),
+                    &self.piece(self.tokenizer.eos()),
+                )
+                .map_err(|e| ModelError(e.to_string())),
+        )
+    }
+
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        self.template.as_ref()?.tool_syntax()
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        Some(self.tokenizer.vocab_size())
+    }
+
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        Some(
+            self.vocabulary
+                .get_or_init(|| {
+                    let tokens = (0..self.tokenizer.vocab_size() as u32)
+                        .map(|id| {
+                            let piece = self.tokenizer.token_to_piece(id);
+                            if self.tokenizer.is_special(id) {
+                                [&[Vocabulary::SPECIAL][..], &piece].concat()
+                            } else {
+                                piece
+                            }
+                        })
+                        .collect();
+                    let eos = self
+                        .tokenizer
+                        .stop_ids()
+                        .first()
+                        .copied()
+                        .or(self.tokenizer.eos())
+                        .unwrap_or(0);
+                    Arc::new(Vocabulary { tokens, eos })
+                })
+                .clone(),
+        )
     }
 
     fn is_end_of_generation(&self, token: u32) -> bool {
@@ -195,6 +255,29 @@ impl BatchModel for RuntimeBatchModel {
 
     fn free(&mut self, seq: SeqId) {
         self.sequences.remove(&seq);
+    }
+
+    /// One position at a time through a fresh sequence, keeping each
+    /// position's final-normed hidden state.
+    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let exec = self.model.executor_mut();
+        let mut seq = exec.new_sequence_with_capacity(tokens.len());
+        let options = StepOptions {
+            hidden: true,
+            ..StepOptions::default()
+        };
+        let mut states = Vec::with_capacity(tokens.len());
+        for token in tokens {
+            let mut batch = [(&mut seq, std::slice::from_ref(token))];
+            match exec.step_batch(&mut batch, options) {
+                Ok(mut out) => match out.pop().and_then(|o| o.hidden) {
+                    Some(hidden) => states.push(hidden),
+                    None => return Some(Err(ModelError("no hidden state".into()))),
+                },
+                Err(e) => return Some(Err(ModelError(e.to_string()))),
+            }
+        }
+        Some(Ok(states))
     }
 
     fn residency(&self) -> Option<Residency> {

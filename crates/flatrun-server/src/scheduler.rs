@@ -28,11 +28,15 @@ use std::time::Instant;
 
 use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
 use crate::engine::{
-    Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationSink,
-    GenerationStream, Usage, generation_channel,
+    EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
+    GenerationSink, GenerationStream, Usage, generation_channel, mean_pool_normalized,
 };
 use flatrun_model::chat_template::ChatMessage;
-use flatrun_model::sampling::{FinishReason, Sampler, SamplingParams, StopMatcher};
+use flatrun_model::chat_template::tools::ToolSyntax;
+use flatrun_model::sampling::Vocabulary;
+use flatrun_model::sampling::{
+    FinishReason, Sampler, SamplingParams, StopMatcher, TokenConstraint, token_logprobs,
+};
 
 /// Limits of the batch scheduler.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -64,7 +68,14 @@ struct Job {
 
 enum Command {
     Submit(Job),
+    Embed(EmbedJob),
     CancelAll,
+}
+
+/// An embedding to compute between steps.
+struct EmbedJob {
+    tokens: Vec<u32>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<f32>, EngineError>>,
 }
 
 /// Counters shared between the scheduler thread and the handlers.
@@ -208,6 +219,34 @@ impl Engine for BatchEngine {
         self.text.render_chat(messages).map_err(text_error)
     }
 
+    fn render_chat_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<String, EngineError> {
+        match tools {
+            None => self.render_chat(messages),
+            Some(tools) => match self.text.render_chat_tools(messages, tools) {
+                Some(result) => result.map_err(text_error),
+                None => Err(EngineError::InvalidRequest(
+                    "this model's chat template does not take tools".to_string(),
+                )),
+            },
+        }
+    }
+
+    fn tool_syntax(&self) -> Option<ToolSyntax> {
+        self.text.tool_syntax()
+    }
+
+    fn vocab_size(&self) -> Option<usize> {
+        self.text.vocab_size()
+    }
+
+    fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
+        self.text.vocabulary()
+    }
+
     fn submit(&self, request: GenerationRequest) -> Result<GenerationStream, EngineError> {
         if self.shared.shutting_down.load(Ordering::Acquire) {
             return Err(EngineError::ShuttingDown);
@@ -242,6 +281,29 @@ impl Engine for BatchEngine {
             resident_bytes: has_residency.then(|| s.resident_bytes.load(Ordering::Relaxed)),
             model_bytes: has_residency.then(|| s.model_bytes.load(Ordering::Relaxed)),
         }
+    }
+
+    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the input is empty (no tokens)".to_string(),
+            ));
+        }
+        if tokens.len() > self.text.context_length() {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context_length: self.text.context_length(),
+            });
+        }
+        let (reply, receiver) = tokio::sync::oneshot::channel();
+        if !self.send(Command::Embed(EmbedJob { tokens, reply })) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(receiver)
     }
 
     fn shutdown(&self) {
@@ -296,6 +358,8 @@ struct Running<'t> {
     /// Tokens generated so far (the sampler's history).
     generated: Vec<u32>,
     sampler: Sampler,
+    /// The grammar the tokens must follow, if any.
+    constraint: Option<Box<dyn TokenConstraint>>,
     /// Always `Some` until the generation finishes.
     decoder: Option<Box<dyn TokenTextStream + 't>>,
     stop: StopMatcher,
@@ -393,6 +457,16 @@ impl<'t, M: BatchModel> Worker<'t, M> {
     fn handle(&mut self, command: Command) {
         match command {
             Command::Submit(job) => self.waiting.push_back(job),
+            Command::Embed(job) => {
+                let result = match self.model.hidden_states(&job.tokens) {
+                    None => Err(EngineError::InvalidRequest(
+                        "this model does not serve embeddings".to_string(),
+                    )),
+                    Some(Err(e)) => Err(EngineError::Text(e.0)),
+                    Some(Ok(states)) => Ok(mean_pool_normalized(&states)),
+                };
+                let _ = job.reply.send(result);
+            }
             Command::CancelAll => self.fail_all("the server is shutting down"),
         }
     }
@@ -455,6 +529,15 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             // The sequence's KV cache only needs the prompt plus max_tokens.
             let positions =
                 (job.request.prompt.len() + job.request.max_tokens).min(self.text.context_length());
+            let constraint = match job.request.constraint.as_ref().map(|f| f.start()) {
+                None => None,
+                Some(Ok(constraint)) => Some(constraint),
+                Some(Err(message)) => {
+                    job.sink.send(GenerationEvent::Failed { message });
+                    self.release_slot();
+                    continue;
+                }
+            };
             match self.model.new_sequence(positions) {
                 Ok(seq) => {
                     let sampler = Sampler::new(job.request.sampling.clone());
@@ -466,6 +549,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                         last_token: 0,
                         generated: Vec::new(),
                         sampler,
+                        constraint,
                         decoder: Some(self.text.stream_decoder()),
                         stop,
                         held: String::new(),
@@ -484,6 +568,13 @@ impl<'t, M: BatchModel> Worker<'t, M> {
     fn step(&mut self) {
         let chunk = self.config.prefill_chunk;
         let step_started = Instant::now();
+        // The grammars, out of the sequences while the step borrows them.
+        let mut constraints: Vec<(usize, Box<dyn TokenConstraint>)> = self
+            .active
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, running)| running.constraint.take().map(|c| (i, c)))
+            .collect();
         // The batch: a prompt chunk or the last sampled token per sequence.
         let result = {
             let inputs: Vec<StepInput<'_>> = self
@@ -508,9 +599,33 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 })
                 .collect();
             let model = &mut self.model;
-            catch_unwind(AssertUnwindSafe(|| model.step(&inputs)))
-                .unwrap_or_else(|_| Err(ModelError("the model panicked during a step".into())))
+            // The grammar masks of the next tokens are computed on other
+            // threads while the layers run.
+            std::thread::scope(|scope| {
+                let masks: Vec<_> = constraints
+                    .iter_mut()
+                    .map(|(_, c)| scope.spawn(move || c.compute_mask()))
+                    .collect();
+                let result = catch_unwind(AssertUnwindSafe(|| model.step(&inputs)))
+                    .unwrap_or_else(|_| Err(ModelError("the model panicked during a step".into())));
+                let mask_errors: Vec<String> = masks
+                    .into_iter()
+                    .filter_map(|h| match h.join() {
+                        Ok(Ok(())) => None,
+                        Ok(Err(e)) => Some(e),
+                        Err(_) => Some("the grammar panicked".to_string()),
+                    })
+                    .collect();
+                (result, mask_errors)
+            })
         };
+        let (result, mask_errors) = result;
+        for (i, c) in constraints {
+            self.active[i].constraint = Some(c);
+        }
+        if let Some(error) = mask_errors.first() {
+            tracing::warn!("grammar: {error}");
+        }
         let logits = match result {
             Ok(logits) if logits.len() == self.active.len() => logits,
             Ok(logits) => {
@@ -550,9 +665,25 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 outcomes.push(Next::Fail("the model returned no logits".to_string()));
                 continue;
             }
-            let token = running.sampler.sample(&mut row, &running.generated);
+            let raw = running.job.request.logprobs.map(|n| (row.clone(), n));
+            let mask = running.constraint.as_ref().and_then(|c| c.mask());
+            let token = running
+                .sampler
+                .sample_allowed(&mut row, &running.generated, mask);
             sampled += 1;
-            outcomes.push(advance(running, token, self.text));
+            let logprobs = raw.map(|(raw, n)| token_logprobs(&raw, token, n));
+            if let Some(constraint) = running.constraint.as_mut()
+                && let Err(e) = constraint.accept(token)
+            {
+                tracing::warn!("grammar rejected token {token}: {e}");
+            }
+            let mut next = advance(running, token, logprobs, self.text);
+            if matches!(next, Next::Continue)
+                && running.constraint.as_ref().is_some_and(|c| c.is_finished())
+            {
+                next = Next::Finish(FinishReason::Eos);
+            }
+            outcomes.push(next);
         }
         self.shared
             .generated_tokens_total
@@ -608,7 +739,12 @@ impl<'t, M: BatchModel> Worker<'t, M> {
 
 /// Takes a sampled token into a sequence: end of generation, text, stop
 /// strings, limits.
-fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next {
+fn advance(
+    running: &mut Running<'_>,
+    token: u32,
+    logprobs: Option<flatrun_model::sampling::TokenLogprobs>,
+    text: &dyn TextModel,
+) -> Next {
     // An end-of-generation token ends the answer and is not part of it.
     if text.is_end_of_generation(token) {
         return Next::Finish(FinishReason::Eos);
@@ -625,6 +761,7 @@ fn advance(running: &mut Running<'_>, token: u32, text: &dyn TextModel) -> Next 
     if !running.job.sink.send(GenerationEvent::Token {
         id: token,
         text: released,
+        logprobs,
     }) {
         return Next::Gone;
     }

@@ -103,6 +103,25 @@ impl AppState {
         sampling: SamplingParams,
         stop: Vec<String>,
     ) -> Result<GenerationStream, ApiError> {
+        let request = GenerationRequest {
+            prompt,
+            sampling,
+            stop,
+            ..GenerationRequest::default()
+        };
+        self.submit_request(flavor, engine, request, max_tokens)
+    }
+
+    /// [`AppState::submit`] of a whole request (logprobs, grammar);
+    /// `request.max_tokens` is set from `max_tokens`.
+    pub fn submit_request(
+        &self,
+        flavor: ApiFlavor,
+        engine: &dyn Engine,
+        mut request: GenerationRequest,
+        max_tokens: Option<u64>,
+    ) -> Result<GenerationStream, ApiError> {
+        let prompt = &request.prompt;
         let context = engine.context_length();
         let overflow = |max_tokens: u64| {
             ApiError::invalid(
@@ -135,12 +154,7 @@ impl AppState {
             None if prompt.len() >= context => return Err(overflow(1)),
             None => (context - prompt.len()).min(limit.map_or(usize::MAX, |l| l as usize)),
         };
-        let request = GenerationRequest {
-            prompt,
-            sampling,
-            max_tokens,
-            stop,
-        };
+        request.max_tokens = max_tokens;
         engine
             .submit(request)
             .map_err(|e| ApiError::from_engine(flavor, e))

@@ -308,18 +308,23 @@ async fn errors_have_the_openai_shape_and_status() {
         400,
         "invalid_request_error",
     );
-    // n != 1.
+    // n outside 1..=64.
     let body = assert_openai_error(
         &server
             .post(
                 chat,
-                r#"{"messages": [{"role": "user", "content": "x"}], "n": 2}"#,
+                r#"{"messages": [{"role": "user", "content": "x"}], "n": 65}"#,
             )
             .await,
         400,
         "invalid_request_error",
     );
-    assert!(body["error"]["message"].as_str().unwrap().contains("n = 2"));
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("got 65")
+    );
     // Unknown model.
     let body = assert_openai_error(
         &server

@@ -91,6 +91,7 @@ fn greedy(prompt: Vec<u32>) -> GenerationRequest {
         },
         max_tokens: MAX_TOKENS,
         stop: Vec::new(),
+        ..GenerationRequest::default()
     }
 }
 

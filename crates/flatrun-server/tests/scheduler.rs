@@ -33,6 +33,7 @@ fn greedy(prompt: &str, max_tokens: usize) -> GenerationRequest {
         },
         max_tokens,
         stop: vec![],
+        ..GenerationRequest::default()
     }
 }
 

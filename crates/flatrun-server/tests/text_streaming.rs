@@ -27,6 +27,7 @@ fn generate(reply: &str, stops: &[String]) -> (String, FinishReason) {
         },
         max_tokens: 200,
         stop: stops.to_vec(),
+        ..GenerationRequest::default()
     };
     let mut stream = engine.submit(request).expect("submit");
     let runtime = tokio::runtime::Builder::new_current_thread()

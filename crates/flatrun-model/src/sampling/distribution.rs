@@ -72,7 +72,7 @@ impl Sampler {
     /// logits and history (penalties applied to `logits` in place), without
     /// drawing.
     pub fn distribution(&mut self, logits: &mut [f32], history: &[u32]) -> Distribution {
-        match self.prepare(logits, history) {
+        match self.prepare(logits, history, None) {
             Prepared::Token(id) => Distribution::Certain(id),
             Prepared::Vocabulary { total } => {
                 let scale = (1.0 / total) as f32;

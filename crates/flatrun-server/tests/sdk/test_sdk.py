@@ -161,9 +161,9 @@ class OpenAITests(unittest.TestCase):
             self.client.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "x"}])
         self.assertEqual(e.exception.body["code"], "model_not_found")
 
-    def test_n_2_is_400(self):
+    def test_n_over_64_is_400(self):
         with self.assertRaises(openai.BadRequestError):
-            self.client.chat.completions.create(model=MODEL, n=2, messages=[{"role": "user", "content": "x"}])
+            self.client.chat.completions.create(model=MODEL, n=65, messages=[{"role": "user", "content": "x"}])
 
     def test_context_overflow_is_400(self):
         with self.assertRaises(openai.BadRequestError) as e:

@@ -1,0 +1,119 @@
+//! The official `openai` and `anthropic` Python SDKs against the real
+//! server on Qwen2.5-Coder-0.5B-Instruct (`tests/sdk/test_agents.py`): tool
+//! loops in both APIs, forced calls and `json_schema` output validated on
+//! 50 seeded tries each, logprobs against llama.cpp's
+//! (`tests/data/logprobs_qwen05b.json`), the sampling fields' effects.
+//!
+//! Needs `$FLATRUN_MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` and the
+//! venv of `scripts/setup-test-env.sh` (`$FLATRUN_PYTHON`); skipped without
+//! them unless FLATRUN_REQUIRE_MODELS=1. Release only:
+//! `cargo test --release -p flatrun-server --test agents_sdk`.
+
+#![cfg(feature = "runtime")]
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use common::config;
+use flatrun_runtime::{LoadOptions, Model};
+use flatrun_server::{SchedulerConfig, Server};
+
+const MODEL: &str = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+
+fn required() -> bool {
+    std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1")
+}
+
+fn skip(why: String) {
+    if required() {
+        panic!("{why} and FLATRUN_REQUIRE_MODELS=1");
+    }
+    eprintln!("skipping: {why}");
+}
+
+fn python() -> PathBuf {
+    match std::env::var_os("FLATRUN_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/flatrun/venv/bin/python"),
+    }
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "loads a real model: run in release")]
+fn official_sdks_drive_agents_on_qwen() {
+    let Some(dir) = std::env::var_os("FLATRUN_MODELS") else {
+        return skip(format!(
+            "FLATRUN_MODELS is not set (it should hold {MODEL})"
+        ));
+    };
+    let path = PathBuf::from(dir).join(MODEL);
+    if !path.is_file() {
+        return skip(format!("{} not found", path.display()));
+    }
+    let python = python();
+    let sdks = Command::new(&python)
+        .args(["-c", "import openai, anthropic, jsonschema"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !sdks {
+        return skip(format!(
+            "{} cannot import openai, anthropic and jsonschema: run scripts/setup-test-env.sh",
+            python.display()
+        ));
+    }
+    let options = LoadOptions {
+        ctx: Some(2048),
+        ..LoadOptions::default()
+    };
+    let model = Model::load(&path, options).expect("load Qwen2.5-Coder-0.5B");
+    let scheduler = SchedulerConfig {
+        max_seqs: 25,
+        max_queue: 64,
+        ..SchedulerConfig::default()
+    };
+    let engine = flatrun_server::runtime::engine(model, scheduler).expect("engine");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio");
+    runtime.block_on(async move {
+        let server = Server::bind(config()).await.expect("bind");
+        let addr = server.local_addr().expect("addr");
+        server.engine_slot().set(Arc::new(engine));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run_until(async move {
+            let _ = stopped.await;
+        }));
+        let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let script = manifest.join("tests/sdk/test_agents.py");
+        let golden = manifest.join("tests/data/logprobs_qwen05b.json");
+        let output = tokio::task::spawn_blocking(move || {
+            Command::new(&python)
+                .arg(&script)
+                .arg("-v")
+                .env("FLATRUN_BASE_URL", format!("http://{addr}"))
+                .env("FLATRUN_SDK_MODEL", MODEL.trim_end_matches(".gguf"))
+                .env("FLATRUN_LOGPROB_GOLDEN", golden)
+                .output()
+        })
+        .await
+        .expect("join")
+        .expect("run python");
+        eprintln!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let _ = stop.send(());
+        let _ = serving.await;
+        assert!(
+            output.status.success(),
+            "the agent SDK tests failed (see above)"
+        );
+    });
+}
