@@ -65,7 +65,7 @@ def flatrun(args, model: Path, prompt: Path, n: int, residency: str, extra: list
 
 def llama(args, tool: str, model: Path, prompt: Path, n: int, extra: list[str], cgroup=None):
     cmd = [str(Path(args.llama_bin) / tool), "-m", str(model), "-f", str(prompt), "-n", str(n),
-           "-t", str(args.threads), "-c", "2048", "--temp", "0", "--draft-max", str(args.draft_max)] + extra
+           "-t", str(args.threads), "-c", "2048", "--temp", "0", "--spec-draft-n-max", str(args.draft_max)] + extra
     res = run_measured(cmd, cgroup)
     text = res.stdout + res.stderr
     m = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds", text)
