@@ -355,20 +355,7 @@ pub fn read_text_file(path: &Path) -> Result<String> {
 }
 
 /// Human-readable bytes (binary units).
-pub fn human_bytes(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = bytes as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit + 1 < UNITS.len() {
-        value /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes} B")
-    } else {
-        format!("{value:.1} {}", UNITS[unit])
-    }
-}
+pub use flatrun_runtime::human_bytes;
 
 /// A residency policy as the flag would spell it.
 pub fn residency_name(r: Residency) -> String {

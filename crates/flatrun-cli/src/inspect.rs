@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
+use flatrun_runtime::human_bytes;
 use serde::Serialize;
 
 /// Arguments of `flatrun inspect`.
@@ -345,25 +346,6 @@ fn facts_from_directory(dir: &Path) -> Result<ModelFacts> {
 fn opt<T: std::fmt::Display>(v: &Option<T>) -> String {
     v.as_ref()
         .map_or_else(|| "?".to_string(), |v| v.to_string())
-}
-
-/// Bytes with a binary-unit suffix.
-fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
-    let mut value = n as f64;
-    let mut unit = "B";
-    for u in UNITS {
-        if value < 1024.0 {
-            break;
-        }
-        value /= 1024.0;
-        unit = u;
-    }
-    if unit == "B" {
-        format!("{n} B")
-    } else {
-        format!("{value:.1} {unit}")
-    }
 }
 
 /// The text form of a report.

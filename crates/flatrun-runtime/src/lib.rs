@@ -67,6 +67,7 @@ pub use weights_override::WeightsMode;
 pub use memory::{RssSample, cgroup_headroom, mapped_file_rss, memory_headroom, rss};
 pub use npy::write_f32_matrix;
 pub use options::parse_size;
+pub use residency::human_bytes;
 
 // The model-side types that appear in this API.
 pub use flatrun_model::chat_template::{ChatMessage, ChatTemplate};

@@ -333,8 +333,8 @@ impl MemoryPlan {
             return refuse(format!(
                 "cap={} cannot hold the {} of read buffers that streaming needs (the layers in flight); \
                  use a larger cap or --residency stream",
-                human(cap),
-                human(self.stream_buffer_bytes)
+                human_bytes(cap),
+                human_bytes(self.stream_buffer_bytes)
             ));
         }
         let must_fit = self.resident_weight_bytes
@@ -349,19 +349,19 @@ impl MemoryPlan {
                 format!(
                     "; the KV cache alone is {} at {} tokens: lower --ctx, use --kv-type q8_0, \
                      or --residency stream (which streams the cache from a file)",
-                    human(self.kv_bytes),
+                    human_bytes(self.kv_bytes),
                     self.ctx
                 )
             };
             return refuse(format!(
                 "this plan keeps {} in memory (weights {}, read buffers {}, KV cache {}; work buffers {} more) \
                  but only {} is available{kv_hint}",
-                human(must_fit),
-                human(self.resident_weight_bytes),
-                human(self.stream_buffer_bytes),
-                human(if self.kv_streamed { 0 } else { self.kv_bytes }),
-                human(self.work_bytes),
-                human(headroom),
+                human_bytes(must_fit),
+                human_bytes(self.resident_weight_bytes),
+                human_bytes(self.stream_buffer_bytes),
+                human_bytes(if self.kv_streamed { 0 } else { self.kv_bytes }),
+                human_bytes(self.work_bytes),
+                human_bytes(headroom),
             ));
         }
         Ok(())
@@ -372,34 +372,34 @@ impl MemoryPlan {
         let kv = if self.kv_streamed {
             format!(
                 "{} at {} tokens, {}/{} (streamed from a file: {} in memory)",
-                human(self.kv_bytes),
+                human_bytes(self.kv_bytes),
                 self.ctx,
                 self.kv_types.0,
                 self.kv_types.1,
-                human(self.kv_in_memory_bytes)
+                human_bytes(self.kv_in_memory_bytes)
             )
         } else {
             format!(
                 "{} at {} tokens, {}/{} (in memory, filled as the context grows)",
-                human(self.kv_bytes),
+                human_bytes(self.kv_bytes),
                 self.ctx,
                 self.kv_types.0,
                 self.kv_types.1
             )
         };
         let headroom = match self.headroom {
-            Some(h) => format!(" of {} available", human(h)),
+            Some(h) => format!(" of {} available", human_bytes(h)),
             None => String::new(),
         };
         format!(
             "weights:   {} resident, {} streamed per token, {} read buffers\n\
              kv cache:  {kv}\n\
              peak:      about {} with the context full{headroom} (work buffers {})",
-            human(self.resident_weight_bytes),
-            human(self.streamed_bytes_per_token),
-            human(self.stream_buffer_bytes),
-            human(self.peak_bytes),
-            human(self.work_bytes),
+            human_bytes(self.resident_weight_bytes),
+            human_bytes(self.streamed_bytes_per_token),
+            human_bytes(self.stream_buffer_bytes),
+            human_bytes(self.peak_bytes),
+            human_bytes(self.work_bytes),
         )
     }
 }
@@ -411,8 +411,8 @@ fn work_bytes(cfg: &ModelConfig, batch: usize, vocab: usize) -> u64 {
     ((batch * per_token + 2 * vocab) * 4) as u64
 }
 
-/// Bytes in binary units, for messages.
-fn human(bytes: u64) -> String {
+/// Bytes in binary units (`512.0 MiB`), for messages and tables.
+pub fn human_bytes(bytes: u64) -> String {
     let mut value = bytes as f64;
     let mut unit = 0;
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
