@@ -24,7 +24,7 @@ fn short_soak() {
     let Some(python) = python_with("json, http.client") else {
         return;
     };
-    let seconds = std::env::var("FLATRUN_SOAK_SECONDS").unwrap_or_else(|_| "90".into());
+    let seconds = std::env::var("FLATRUN_SOAK_SECONDS").unwrap_or_else(|_| "120".into());
     let server = ServeProcess::start(
         &model,
         &[

@@ -17,7 +17,7 @@
 use crate::options::KvType;
 use flatrun_format::GgmlType;
 use flatrun_kernels::ops::KvSlice;
-use flatrun_model::arch::{LayerKv, MemoryKind};
+use flatrun_model::arch::{KvRotation, LayerKv, MemoryKind};
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
 use std::path::{Path, PathBuf};
@@ -185,6 +185,8 @@ pub struct LayerKvCache {
     slot_pos: Vec<usize>,
     /// Slots in use are `0..high_water` (the rest were never written).
     high_water: usize,
+    /// The rotation quantized rows are stored under.
+    rotation: KvRotation,
 }
 
 impl LayerKvCache {
@@ -258,6 +260,10 @@ impl LayerKv for LayerKvCache {
 
     fn slot_positions(&self) -> &[usize] {
         &self.slot_pos[..self.high_water]
+    }
+
+    fn rotation(&self) -> KvRotation {
+        self.rotation
     }
 }
 
@@ -343,6 +349,11 @@ impl KvCache {
         let kv_dim = cfg.kv_dim();
         let shape = layer_slots(cfg, ctx, max_batch);
         let page = crate::memory::page_size();
+        let rotation = KvRotation::for_cache(
+            cfg.head_dim,
+            layout.keys.is_block(),
+            layout.values.is_block(),
+        );
         let sizes: Vec<(usize, usize)> = shape
             .iter()
             .map(|&(slots, _)| {
@@ -393,6 +404,7 @@ impl KvCache {
                 values: store(layout.values, slots * kv_dim, vb),
                 slot_pos: vec![usize::MAX; slots],
                 high_water: 0,
+                rotation,
             })
             .collect();
         KvCache {

@@ -1,9 +1,11 @@
 //! Causal grouped-query attention over an f32, f16 or block-quantized
-//! (`q8_0`, `q4_0`) KV cache. Quantized keys are read as llama.cpp's
-//! flash attention reads them: the query is quantized once to Q8_0 blocks
-//! and each score is an integer dot product per block, scaled by the two
-//! blocks' scales; quantized values are decoded a row at a time into the
-//! weighted sum. No cache row is ever converted as a whole.
+//! (`q8_0`, `q4_0`) KV cache. An f16 or f32 cache is read as ggml's
+//! `soft_max` over `kq` reads it (llama.cpp without flash attention). A cache
+//! with quantized keys or values is read as llama.cpp reads it, through its
+//! CPU flash attention ([`OnlineHead`]): the query is quantized once to Q8_0
+//! blocks and each score is an integer dot product per block, scaled by the
+//! two blocks' scales; an online softmax; quantized values decoded a row at
+//! a time into the weighted sum. No cache row is ever converted as a whole.
 
 use std::cell::RefCell;
 
@@ -151,59 +153,150 @@ fn decode_blocks(kind: &KvSlice, b: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `Σ_b d_k[b] · d_q[b] · Σ_i k[b,i] · q[b,i]` of quantized key blocks `k`
-/// (Q8_0 or Q4_0) with a query quantized to Q8 blocks: ggml's
-/// `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0`. Integer sums are exact, so the
-/// vectorized build gives the scalar one's result bit for bit.
+/// `Σ k·q` of quantized key blocks `k` (Q8_0 or Q4_0) with a Q8 query in the
+/// order of ggml's AVX2 `vec_dot_q8_0_q8_0` / `vec_dot_q4_0_q8_0`, the dot
+/// products of its flash attention: per block, eight lanes each take the
+/// exact integer sum of four products and add it times `d_k·d_q` with one
+/// fused multiply-add; the lanes are then reduced halves first.
 #[inline(always)]
 fn block_dot_body(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
-    let mut sum = 0f32;
-    match kind {
-        KvSlice::Q8_0(_) => {
-            for (blk, qb) in k.chunks_exact(Q8_0_BYTES).zip(q) {
-                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                let mut sumi = 0i32;
-                for (&x, &y) in blk[2..].iter().zip(&qb.qs) {
-                    sumi += (x as i8) as i32 * y as i32;
-                }
-                sum += d * qb.d * sumi as f32;
-            }
-        }
-        KvSlice::Q4_0(_) => {
-            for (blk, qb) in k.chunks_exact(Q4_0_BYTES).zip(q) {
-                let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32();
-                let mut sumi = 0i32;
+    let size = match kind {
+        KvSlice::Q8_0(_) => Q8_0_BYTES,
+        KvSlice::Q4_0(_) => Q4_0_BYTES,
+        KvSlice::F32(_) | KvSlice::F16(_) => return 0.0,
+    };
+    let mut acc = [0f32; 8];
+    let mut vals = [0i32; QK8];
+    for (blk, qb) in k.chunks_exact(size).zip(q) {
+        let d = f16::from_le_bytes([blk[0], blk[1]]).to_f32() * qb.d;
+        match kind {
+            KvSlice::Q4_0(_) => {
                 for (j, &x) in blk[2..].iter().enumerate() {
-                    sumi += ((x & 0x0f) as i32 - 8) * qb.qs[j] as i32
-                        + ((x >> 4) as i32 - 8) * qb.qs[j + 16] as i32;
+                    vals[j] = (x & 0x0f) as i32 - 8;
+                    vals[j + 16] = (x >> 4) as i32 - 8;
                 }
-                sum += d * qb.d * sumi as f32;
+            }
+            _ => {
+                for (v, &x) in vals.iter_mut().zip(&blk[2..]) {
+                    *v = (x as i8) as i32;
+                }
             }
         }
-        KvSlice::F32(_) | KvSlice::F16(_) => {}
+        for (l, a) in acc.iter_mut().enumerate() {
+            let sumi: i32 = (4 * l..4 * l + 4).map(|j| vals[j] * qb.qs[j] as i32).sum();
+            *a = d.mul_add(sumi as f32, *a);
+        }
     }
-    sum
+    let r: [f32; 4] = std::array::from_fn(|i| acc[4 + i] + acc[i]);
+    (r[0] + r[2]) + (r[1] + r[3])
 }
 
-/// [`block_dot_body`] compiled for AVX2 (the integer loops vectorize).
+/// [`block_dot_body`] compiled for AVX2 and FMA (`mul_add` is one instruction).
 ///
 /// # Safety
-/// The host must have AVX2.
+/// The host must have AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,fma")]
 unsafe fn block_dot_avx2(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
     block_dot_body(kind, k, q)
 }
 
-/// Quantized keys `k` against a Q8 query: vectorized where the host can.
+/// Quantized keys against a Q8 query in flash attention's order.
 #[inline]
 fn block_dot(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if super::softmax::avx2_available() {
-        // SAFETY: the host has AVX2.
+        // SAFETY: the host has AVX2 and FMA.
         return unsafe { block_dot_avx2(kind, k, q) };
     }
     block_dot_body(kind, k, q)
+}
+
+/// One query head over a cache with quantized keys or values, computed as
+/// ggml's CPU flash attention computes it (`flash_attn_ext_f16_one_chunk`),
+/// which is what llama.cpp runs for a quantized cache: keys in slot order,
+/// each score `s = (q·k)·scale` (soft cap: `cap·tanh(s)` with the scale
+/// divided by `cap`), an online softmax with libm's `expf` (on a new maximum
+/// the running output and sum are scaled by `exp(M_old − M)`, otherwise the
+/// key's weight is `exp(s − M)`), values decoded a row at a time and added
+/// with fused multiply-adds — into f32, or into f16 for an f16 value cache —
+/// and the output divided by the sum at the end.
+struct OnlineHead<'a, F: Fn(usize) -> usize> {
+    k: &'a KvSlice<'a>,
+    v: &'a KvSlice<'a>,
+    /// The query head (rounded to f16 for an f16 key cache).
+    q: &'a [f32],
+    /// The query head as Q8 blocks (quantized key caches).
+    q_blocks: &'a [BlockQ8],
+    /// Offset of slot `j`'s head in the keys and values.
+    offset: F,
+    cfg: &'a AttnConfig,
+}
+
+impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
+    fn run(&self, slots: &[usize], row: &mut [f32], o: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if super::softmax::avx2_available() {
+            // SAFETY: the host has AVX2, FMA and F16C.
+            return unsafe { self.run_avx2(slots, row, o) };
+        }
+        self.run_body(slots, row, o)
+    }
+
+    /// # Safety
+    /// The host must have AVX2, FMA and F16C.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run_avx2(&self, slots: &[usize], row: &mut [f32], o: &mut [f32]) {
+        self.run_body(slots, row, o)
+    }
+
+    #[inline(always)]
+    fn run_body(&self, slots: &[usize], row: &mut [f32], o: &mut [f32]) {
+        let hd = o.len();
+        let (scale, cap) = match self.cfg.softcap {
+            Some(c) if c != 0.0 => (self.cfg.scale / c, Some(c)),
+            _ => (self.cfg.scale, None),
+        };
+        // An f16 value cache accumulates in f16, as ggml's does.
+        let half = matches!(self.v, KvSlice::F16(_));
+        let round = |x: f32| if half { f16::from_f32(x).to_f32() } else { x };
+        let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
+        o.fill(0.0);
+        for &j in slots {
+            let off = (self.offset)(j);
+            let qk = match self.k {
+                KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => {
+                    block_dot(self.k, self.k.blocks(off, hd), self.q_blocks)
+                }
+                KvSlice::F16(ks) => SumOrder::Single.dot_f16(&ks[off..off + hd], self.q, row),
+                KvSlice::F32(_) => self.k.dot_row(off, self.q, row),
+            };
+            let mut s = qk * scale;
+            if let Some(c) = cap {
+                s = c * s.tanh();
+            }
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if s > max {
+                ms = (max - s).exp();
+                max = s;
+                for a in o.iter_mut() {
+                    *a = round(*a * ms);
+                }
+            } else {
+                vs = (s - max).exp();
+            }
+            let values = self.v.row(off, hd, row);
+            for (a, &x) in o.iter_mut().zip(values) {
+                *a = round(x.mul_add(vs, *a));
+            }
+            sum = sum.mul_add(ms, vs);
+        }
+        let inv = if sum == 0.0 { 0.0 } else { 1.0 / sum };
+        for a in o.iter_mut() {
+            *a *= inv;
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -594,6 +687,24 @@ pub fn attention(
             }));
             o.fill(0.0);
             if slots.is_empty() {
+                return;
+            }
+            // A quantized cache is read as llama.cpp's flash attention reads it.
+            if blocks {
+                let qb = if k.is_blocks() {
+                    &q_blocks[task * hd / QK8..(task + 1) * hd / QK8]
+                } else {
+                    &[][..]
+                };
+                let head = OnlineHead {
+                    k: &k,
+                    v: &v,
+                    q: qv,
+                    q_blocks: qb,
+                    offset: |j| j * kv_stride + kvh * hd,
+                    cfg,
+                };
+                head.run(slots, row, o);
                 return;
             }
             // Scores: scale · q·k, soft-capped if asked.

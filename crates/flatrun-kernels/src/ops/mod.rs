@@ -3,6 +3,7 @@
 mod activation;
 mod attention;
 mod elementwise;
+mod hadamard;
 mod norm;
 mod rope;
 mod rows;
@@ -11,6 +12,7 @@ mod softmax;
 pub use activation::{geglu, gelu_tanh, silu, swiglu};
 pub use attention::{AttnConfig, KvSlice, attention};
 pub use elementwise::{add, scale};
+pub use hadamard::hadamard;
 pub use norm::{rms_norm, rms_norm_rows};
 pub use rope::{RopeConfig, RopeLayout, RopeScaling, llama3_freq_factors, rope};
 pub use softmax::{ggml_expf, softmax};

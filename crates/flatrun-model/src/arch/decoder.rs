@@ -434,7 +434,7 @@ pub(crate) fn attention_core(
     qk_norms: Option<(&[f32], &[f32])>,
     q: &mut [f32],
     k: &mut [f32],
-    v: &[f32],
+    v: &mut [f32],
     positions: &[usize],
     segments: &mut [Segment],
     att: &mut [f32],
@@ -464,13 +464,22 @@ pub(crate) fn attention_core(
             ops::scale(q, s);
         }
     });
-    // cache[pos] = (k, v), per sequence
+    // cache[pos] = (k, v), per sequence; a quantized cache holds rotated
+    // rows: q, k = H·q, H·k and v = H·v (queries rotated with their keys)
     clock.try_time(Op::KvWrite, || {
         for seg in segments.iter_mut() {
             let r = seg.tokens.clone();
             let LayerMemory::Kv(kv) = &mut seg.memory else {
                 return Err(wrong_memory(layer, "KV cache"));
             };
+            let rot = kv.rotation();
+            if let Some(n) = rot.keys {
+                ops::hadamard(&mut q[r.start * qd..r.end * qd], n);
+                ops::hadamard(&mut k[r.start * kvd..r.end * kvd], n);
+            }
+            if let Some(n) = rot.values {
+                ops::hadamard(&mut v[r.start * kvd..r.end * kvd], n);
+            }
             kv.write(
                 &positions[r.clone()],
                 &k[r.start * kvd..r.end * kvd],
@@ -493,6 +502,10 @@ pub(crate) fn attention_core(
                     &plan.attn,
                     &mut att[r.start * qd..r.end * qd],
                 );
+                // att = H·att (undoes the rotation of the values)
+                if let Some(n) = kv.rotation().values {
+                    ops::hadamard(&mut att[r.start * qd..r.end * qd], n);
+                }
             }
         }
     });

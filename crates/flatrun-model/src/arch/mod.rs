@@ -234,6 +234,45 @@ pub trait LayerKv {
     fn values(&self) -> KvSlice<'_>;
     /// Absolute position held by each slot (`usize::MAX` when empty).
     fn slot_positions(&self) -> &[usize];
+    /// The rotation the cache's rows are stored under.
+    fn rotation(&self) -> KvRotation {
+        KvRotation::NONE
+    }
+}
+
+/// The Hadamard rotations of a quantized cache (see `ops::hadamard`), as
+/// llama.cpp applies them: keys (and so queries) in pieces of the largest
+/// power of two ≥ 64 that divides the head size, values (and so the
+/// attention output) in pieces of 64; each only when its type is block
+/// quantized and the head size is a multiple of 64.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvRotation {
+    /// Piece size of the key and query rotation.
+    pub keys: Option<usize>,
+    /// Piece size of the value and output rotation.
+    pub values: Option<usize>,
+}
+
+impl KvRotation {
+    /// No rotation (f16 and f32 caches).
+    pub const NONE: KvRotation = KvRotation {
+        keys: None,
+        values: None,
+    };
+
+    /// The rotation of a cache of heads of `head_dim` values whose keys
+    /// and values are (or are not) block quantized.
+    pub fn for_cache(head_dim: usize, keys_quantized: bool, values_quantized: bool) -> KvRotation {
+        let fits = head_dim > 0 && head_dim.is_multiple_of(64);
+        let mut n = 64;
+        while fits && head_dim.is_multiple_of(2 * n) {
+            n *= 2;
+        }
+        KvRotation {
+            keys: (fits && keys_quantized).then_some(n),
+            values: (fits && values_quantized).then_some(64),
+        }
+    }
 }
 
 /// Per-sequence memory of one layer for one run of tokens.
@@ -363,4 +402,21 @@ pub fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         activation: Activation::Silu,
         delta_net: None,
     })
+}
+
+#[cfg(test)]
+mod kv_rotation_tests {
+    use super::KvRotation;
+
+    #[test]
+    fn rotation_sizes_follow_the_head_size_and_types() {
+        let r = KvRotation::for_cache(64, true, true);
+        assert_eq!((r.keys, r.values), (Some(64), Some(64)));
+        let r = KvRotation::for_cache(256, true, false);
+        assert_eq!((r.keys, r.values), (Some(256), None));
+        assert_eq!(KvRotation::for_cache(192, true, true).keys, Some(64));
+        assert_eq!(KvRotation::for_cache(96, true, true), KvRotation::NONE);
+        assert_eq!(KvRotation::for_cache(0, true, true), KvRotation::NONE);
+        assert_eq!(KvRotation::for_cache(128, false, false), KvRotation::NONE);
+    }
 }
