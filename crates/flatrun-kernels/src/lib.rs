@@ -60,6 +60,34 @@ pub enum BackendKind {
     Native,
 }
 
+/// How the native backend multiplies MLX affine weights.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MlxActivations {
+    /// The format's numerics, as mlx-lm computes them: weights dequantized in
+    /// registers (`s·q + b`) times f32 activations, f32 sums (the default).
+    #[default]
+    F32,
+    /// ggml's numerics: activations quantized to Q8 blocks of 32, integer dots
+    /// (4- and 8-bit layouts; the others run the float kernels). An MLX copy of
+    /// a Q4_1/Q8_0 GGUF then gives llama.cpp's logits bit for bit.
+    Q8,
+}
+
+impl FromStr for MlxActivations {
+    type Err = KernelError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "f32" | "float" => Ok(MlxActivations::F32),
+            "q8" => Ok(MlxActivations::Q8),
+            other => Err(KernelError::Parse {
+                what: "MLX activations",
+                got: other.to_string(),
+                expected: "f32, q8",
+            }),
+        }
+    }
+}
+
 impl FromStr for BackendKind {
     type Err = KernelError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -125,12 +153,27 @@ pub trait Kernels: Send + Sync {
 
 /// The shared backend of this kind (the native one at [`simd_level`]).
 pub fn backend(kind: BackendKind) -> Arc<dyn Kernels> {
+    backend_with(kind, MlxActivations::default())
+}
+
+/// [`backend`] with the native backend's MLX numerics chosen (the reference
+/// backend always multiplies decoded weights by f32 activations).
+pub fn backend_with(kind: BackendKind, mlx: MlxActivations) -> Arc<dyn Kernels> {
     static REFERENCE: OnceLock<Arc<ReferenceKernels>> = OnceLock::new();
     static NATIVE: OnceLock<Arc<NativeKernels>> = OnceLock::new();
-    match kind {
-        BackendKind::Reference => REFERENCE.get_or_init(|| Arc::new(ReferenceKernels)).clone(),
-        BackendKind::Native => NATIVE
+    static NATIVE_MLX_Q8: OnceLock<Arc<NativeKernels>> = OnceLock::new();
+    match (kind, mlx) {
+        (BackendKind::Reference, _) => REFERENCE.get_or_init(|| Arc::new(ReferenceKernels)).clone(),
+        (BackendKind::Native, MlxActivations::F32) => NATIVE
             .get_or_init(|| Arc::new(NativeKernels::new(simd_level())))
+            .clone(),
+        (BackendKind::Native, MlxActivations::Q8) => NATIVE_MLX_Q8
+            .get_or_init(|| {
+                Arc::new(NativeKernels::with_mlx_activations(
+                    simd_level(),
+                    MlxActivations::Q8,
+                ))
+            })
             .clone(),
     }
 }

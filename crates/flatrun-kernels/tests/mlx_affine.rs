@@ -1,41 +1,61 @@
-//! The fused MLX affine kernels (4- and 8-bit, groups 32/64/128, f16/bf16/f32
-//! scales): native at every SIMD level the host supports against the reference
-//! backend, over shapes with ragged row counts and token tiles; and, on MLX
-//! copies of Q4_1/Q8_0 blocks (what `mlx.core.load` makes of a GGUF), bit
-//! for bit equal to ggml's dot of the GGUF blocks.
+//! The fused MLX affine kernels, native at every SIMD level the host supports
+//! against the reference backend, over shapes with ragged row counts and token
+//! tiles:
+//! * the default, the format's numerics (`MlxActivations::F32`: dequantized
+//!   weights times f32 activations): every width mlx-lm writes (1, 2, 3, 4, 5, 6,
+//!   8 bits), groups 32/64/128, f16/bf16/f32 scales, within f32 rounding of the
+//!   reference's exact dot;
+//! * ggml's numerics behind `MlxActivations::Q8` (4- and 8-bit): within the Q8
+//!   activation budget, and on MLX copies of Q4_1/Q8_0 blocks (what
+//!   `mlx.core.load` makes of a GGUF) bit for bit equal to ggml's dot of the
+//!   GGUF blocks.
 
 mod common;
 
-use common::{MlxTensor, Rng, assert_gemv_equals_gemm_columns, check_levels, mlx_format};
+use common::{
+    MlxTensor, Rng, assert_gemv_equals_gemm_columns, assert_gemv_equals_gemm_columns_with,
+    check_levels, mlx_format,
+};
 use flatrun_format::GgmlType;
 use flatrun_kernels::native::quantize::{BlockQ8, quantize_q8};
 use flatrun_kernels::{
-    Kernels, NativeKernels, ReferenceKernels, SimdLevel, Weight, WeightFormat, supported_levels,
+    Kernels, MlxActivations, NativeKernels, ReferenceKernels, SimdLevel, Weight, WeightFormat,
+    supported_levels,
 };
 use half::f16;
 use proptest::prelude::*;
 
-/// `|native − reference| ≤ MLX_BUDGET · Σ|w·x|`: the activations' quantization to
-/// 8 bits is the only loss, as for Q4_1/Q8_0 (`GGML_BUDGETS` in `tests/common`).
+/// `|native − reference| ≤ MLX_BUDGET · Σ|w·x|` with Q8 activations: their
+/// quantization to 8 bits is the only loss, as for Q4_1/Q8_0 (`GGML_BUDGETS` in
+/// `tests/common`).
 const MLX_BUDGET: f32 = 5e-3;
+/// The same with f32 activations: only the order of the f32 sums differs.
+const FLOAT_BUDGET: f32 = 1e-5;
+/// Every width mlx-lm writes.
+const WIDTHS: [u8; 7] = [1, 2, 3, 4, 5, 6, 8];
+
+/// Native kernels at `level` with ggml's numerics for MLX weights.
+fn q8_kernels(level: SimdLevel) -> NativeKernels {
+    NativeKernels::with_mlx_activations(level, MlxActivations::Q8)
+}
 
 /// Scale/bias storage types MLX writes.
 const SCALE_TYPES: [GgmlType; 3] = [GgmlType::F16, GgmlType::BF16, GgmlType::F32];
 
 #[test]
-fn every_fused_layout_within_budget() {
+fn every_layout_within_f32_rounding() {
     let mut rng = Rng(0xA5A5_1234_5678_9ABC);
-    for bits in [4u8, 8] {
+    for bits in WIDTHS {
         for group in [32usize, 64, 128] {
             for scale in SCALE_TYPES {
                 for symmetric in [false, true] {
                     let mlx = MlxTensor::random(bits, group, scale, 11, 512, symmetric, &mut rng);
                     let w = mlx.weight();
                     let worst = (1..=6)
-                        .map(|n| check_levels(&w, n, MLX_BUDGET, &mut rng))
+                        .map(|n| check_levels(&w, n, FLOAT_BUDGET, &mut rng))
                         .fold(0f32, f32::max);
                     println!(
-                        "{} {}: worst relative error {worst:.2e} (budget {MLX_BUDGET:.0e})",
+                        "{} {}: worst relative error {worst:.2e} (budget {FLOAT_BUDGET:.0e})",
                         w.format,
                         if symmetric { "symmetric" } else { "biased" }
                     );
@@ -49,14 +69,16 @@ fn every_fused_layout_within_budget() {
 fn gemm_equals_gemv_bit_for_bit() {
     // Each token of a tile is summed exactly as a lone token is.
     let mut rng = Rng(99);
-    for (bits, group) in [(4u8, 32usize), (4, 64), (8, 32), (8, 128)] {
+    let float = WIDTHS.map(|b| (b, 64usize, MlxActivations::F32));
+    let q8 = [(4u8, 32usize), (4, 64), (8, 32), (8, 128)].map(|(b, g)| (b, g, MlxActivations::Q8));
+    for (bits, group, acts) in float.into_iter().chain(q8) {
         let (rows, cols) = (9, 256);
         let mlx = MlxTensor::random(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
         let w = mlx.weight();
         let n = 7;
         let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
         for level in supported_levels() {
-            let k = NativeKernels::new(level);
+            let k = NativeKernels::with_mlx_activations(level, acts);
             let mut gemm = vec![0f32; n * rows];
             k.matmul(&w, &x, n, &mut gemm).unwrap();
             for tok in 0..n {
@@ -66,7 +88,7 @@ fn gemm_equals_gemv_bit_for_bit() {
                 assert_eq!(
                     &gemm[tok * rows..(tok + 1) * rows],
                     &gemv[..],
-                    "{bits}-bit g{group} {level} token {tok}"
+                    "{bits}-bit g{group} {acts:?} {level} token {tok}"
                 );
             }
         }
@@ -95,6 +117,7 @@ fn gemv_keeps_the_per_row_float_order() {
                         let w = mlx.weight();
                         let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
                         let label = format!("{} symmetric {symmetric}", w.format);
+                        assert_gemv_equals_gemm_columns_with(q8_kernels, &w, &x, n, &label);
                         assert_gemv_equals_gemm_columns(&w, &x, n, &label);
                     }
                 }
@@ -204,7 +227,7 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
         let gguf = Weight::new(WeightFormat::Ggml(t), rows, cols, &blocks, None, None).unwrap();
         let x: Vec<f32> = (0..3 * cols).map(|_| rng.f32()).collect();
         for level in supported_levels() {
-            let k = NativeKernels::new(level);
+            let k = q8_kernels(level);
             for n in [1, 3] {
                 let (mut got, mut want) = (vec![0f32; n * rows], vec![0f32; n * rows]);
                 k.matmul(&mlx, &x[..n * cols], n, &mut got).unwrap();
@@ -228,7 +251,7 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
                 continue;
             }
             let mut got = vec![0f32; rows];
-            NativeKernels::new(level)
+            q8_kernels(level)
                 .matmul(&mlx, &x[..cols], 1, &mut got)
                 .unwrap();
             for r in 0..rows {
@@ -245,24 +268,41 @@ fn converted_ggml_rows_give_ggml_dots_bit_for_bit() {
 }
 
 #[test]
-fn other_layouts_still_decode_rows() {
-    // 2/3/6-bit have no fused kernel: they decode each row (f32-exact against the reference).
+fn q8_activations_within_budget() {
+    // ggml's numerics (4- and 8-bit); the other widths keep the float kernels under the flag.
     let mut rng = Rng(3);
-    for (bits, group) in [(2u8, 64usize), (3, 32), (6, 128)] {
-        let (rows, cols) = (4, 256);
-        let mlx = MlxTensor::random(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
-        let w = mlx.weight();
-        let x: Vec<f32> = (0..cols).map(|_| rng.f32()).collect();
-        let (mut got, mut want) = (vec![0f32; rows], vec![0f32; rows]);
-        ReferenceKernels.matmul(&w, &x, 1, &mut want).unwrap();
-        NativeKernels::new(SimdLevel::Scalar)
-            .matmul(&w, &x, 1, &mut got)
-            .unwrap();
-        for (g, r) in got.iter().zip(&want) {
-            assert!(
-                (g - r).abs() <= 1e-5 * (1.0 + r.abs()),
-                "{bits}-bit: {g} vs {r}"
-            );
+    for bits in WIDTHS {
+        for group in [32usize, 128] {
+            let (rows, cols) = (13, 384);
+            let mlx = MlxTensor::random(bits, group, GgmlType::F16, rows, cols, false, &mut rng);
+            let w = mlx.weight();
+            for n in [1, 5] {
+                let x: Vec<f32> = (0..n * cols).map(|_| rng.f32()).collect();
+                let (mut want, mut float) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+                ReferenceKernels.matmul(&w, &x, n, &mut want).unwrap();
+                let mag = common::magnitudes(&w, &x, n);
+                for level in supported_levels() {
+                    let mut got = vec![0f32; n * rows];
+                    q8_kernels(level).matmul(&w, &x, n, &mut got).unwrap();
+                    NativeKernels::new(level)
+                        .matmul(&w, &x, n, &mut float)
+                        .unwrap();
+                    if !matches!(bits, 4 | 8) {
+                        assert_eq!(
+                            got, float,
+                            "{} at {level}: the flag changed a float width",
+                            w.format
+                        );
+                    }
+                    for (i, (g, r)) in got.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g - r).abs() <= MLX_BUDGET * mag[i].max(1e-20),
+                            "{} at {level}: output {i}: {g} vs {r}",
+                            w.format
+                        );
+                    }
+                }
+            }
         }
     }
 }
@@ -272,7 +312,7 @@ proptest! {
 
     #[test]
     fn ragged_shapes_within_budget(
-        eight in any::<bool>(),
+        width in 0usize..WIDTHS.len(),
         group_pow in 0u32..3,
         scale in 0usize..3,
         symmetric in any::<bool>(),
@@ -281,11 +321,11 @@ proptest! {
         n_tokens in 1usize..10,
         seed in any::<u64>(),
     ) {
-        let bits = if eight { 8 } else { 4 };
+        let bits = WIDTHS[width];
         let group = 32usize << group_pow;
         let cols = groups * group;
         let mut rng = Rng(seed | 1);
         let mlx = MlxTensor::random(bits, group, SCALE_TYPES[scale], rows, cols, symmetric, &mut rng);
-        check_levels(&mlx.weight(), n_tokens, MLX_BUDGET, &mut rng);
+        check_levels(&mlx.weight(), n_tokens, FLOAT_BUDGET, &mut rng);
     }
 }

@@ -51,7 +51,8 @@ pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{Model, Session, default_residency};
 pub use options::{
-    BackendKind, ContextOverflow, KvType, LoadOptions, Prefetch, Residency, StreamReads,
+    BackendKind, ContextOverflow, KvType, LoadOptions, MlxActivations, Prefetch, Residency,
+    StreamReads,
 };
 pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
 

@@ -73,7 +73,7 @@ impl Model {
         if let Some(n) = opts.threads {
             flatrun_kernels::set_threads(n);
         }
-        let kernels = flatrun_kernels::backend(opts.backend);
+        let kernels = flatrun_kernels::backend_with(opts.backend, opts.mlx_activations);
         let executor = StreamingExecutor::new(backend, cfg, manifest, kernels, &opts)?;
         Ok(Model {
             path,

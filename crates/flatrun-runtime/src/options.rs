@@ -1,7 +1,7 @@
 //! Load-time options: backend, threads, residency policy, prefetch, context.
 
 use crate::error::{Result, RuntimeError};
-pub use flatrun_kernels::BackendKind;
+pub use flatrun_kernels::{BackendKind, MlxActivations};
 use flatrun_model::Manifest;
 use std::str::FromStr;
 
@@ -245,6 +245,9 @@ pub const DEFAULT_CHUNK_BYTES: usize = 2 << 20;
 pub struct LoadOptions {
     /// Kernel implementation.
     pub backend: BackendKind,
+    /// How the native kernels multiply MLX weights: the format's numerics
+    /// (f32 activations, the default) or ggml's (Q8 activations, 4/8-bit).
+    pub mlx_activations: MlxActivations,
     /// Worker threads for the kernels (`None`: physical cores).
     pub threads: Option<usize>,
     /// Residency policy.
@@ -293,6 +296,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             backend: BackendKind::Native,
+            mlx_activations: MlxActivations::F32,
             threads: None,
             residency: Residency::Resident,
             prefetch: Prefetch::default(),

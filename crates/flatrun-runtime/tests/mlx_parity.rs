@@ -28,6 +28,10 @@
 //! * the directory's `tokenizer.json` gives the reference's token ids for every
 //!   prompt, and so does Flatrun's own tokenizer of the source GGUF.
 //!
+//! The native backend runs with `MlxActivations::Q8` (ggml's numerics); its
+//! default, the format's own numerics, is proven against mlx-lm in
+//! `tests/mlx_lm_parity.rs`.
+//!
 //! Run in release mode: `cargo test --release -p flatrun-runtime --test mlx_parity -- --nocapture`.
 //! A debug build reports the logit tests as ignored.
 
@@ -36,7 +40,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::logits::{Bounds, LogitFixture, teacher_forced};
-use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency};
+use flatrun_runtime::{BackendKind, LoadOptions, MlxActivations, Model, Residency};
 
 /// A position is decisive when the reference's top-2 gap is at least this.
 const DECISIVE_GAP: f32 = 0.25;
@@ -132,10 +136,13 @@ fn logits_match(case: &Case, backend: BackendKind) {
         return;
     };
     let fixture = LogitFixture::load(&common::fixtures().join(case.fixture));
+    // ggml's numerics on the native backend (Q8 activations), which these
+    // copies of GGUF blocks turn into llama.cpp's dots bit for bit.
     let mut model = Model::load(
         &dir,
         LoadOptions {
             backend,
+            mlx_activations: MlxActivations::Q8,
             residency: Residency::Resident,
             ..LoadOptions::default()
         },

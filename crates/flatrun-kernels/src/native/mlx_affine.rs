@@ -37,8 +37,8 @@ use std::cell::RefCell;
 use flatrun_format::{DType, GgmlType};
 use half::{bf16, f16};
 
+use super::NativeKernels;
 use super::quantize::{BlockQ8, QK8, quantize_q8};
-use super::{NativeKernels, Partner};
 use crate::weight::WeightFormat;
 use crate::{KernelError, SimdLevel, Weight};
 
@@ -64,7 +64,7 @@ pub(crate) enum ScaleKind {
 impl ScaleKind {
     /// Value `i` of a little-endian array of this type (`bytes` holds at least `i + 1`).
     #[inline(always)]
-    fn read(self, bytes: &[u8], i: usize) -> f32 {
+    pub(crate) fn read(self, bytes: &[u8], i: usize) -> f32 {
         match self {
             ScaleKind::F16 => f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
             ScaleKind::BF16 => bf16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f32(),
@@ -102,11 +102,6 @@ pub(crate) fn supports(format: WeightFormat) -> Option<MlxLayout> {
         group,
         scales,
     })
-}
-
-/// Whether `format` is an MLX layout with a fused kernel (for [`super::partner`]).
-pub(crate) fn partner(format: WeightFormat) -> Option<Partner> {
-    supports(format).map(|_| Partner::MlxQ8)
 }
 
 /// Weight rows (`rows.len() / row_bytes` of them, with their scales and biases)

@@ -11,6 +11,7 @@
 mod arm;
 mod dispatch;
 mod mlx_affine;
+mod mlx_float;
 pub mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -24,7 +25,9 @@ use flatrun_format::GgmlType;
 use crate::check::{check_dequantize, check_matmul};
 use crate::decode::decode_row;
 use crate::weight::WeightFormat;
-use crate::{KernelError, Kernels, SimdLevel, Weight, clamp_to_host, supported_levels};
+use crate::{
+    KernelError, Kernels, MlxActivations, SimdLevel, Weight, clamp_to_host, supported_levels,
+};
 use dispatch::Dispatch;
 use quantize::{BlockQ8, BlockQ8K, QK_K, QK8, quantize_q8, quantize_q8k};
 
@@ -46,6 +49,7 @@ const MAX_SHARED_JOB: usize = 4;
 pub struct NativeKernels {
     level: SimdLevel,
     dispatch: Dispatch,
+    mlx: MlxActivations,
 }
 
 /// How a weight format meets its activations.
@@ -57,8 +61,9 @@ pub(crate) enum Partner {
     Q8K,
     /// Float dots against the f32 activations.
     F32,
-    /// MLX affine 4/8-bit against Q8 blocks of 32 (`mlx_affine`).
-    MlxQ8,
+    /// MLX affine against Q8 blocks of 32 (`mlx_affine`, 4/8-bit, behind
+    /// [`MlxActivations::Q8`]) or against the f32 activations (`mlx_float`).
+    Mlx,
     /// No fused kernel: decode the row to f32, then a float dot.
     DecodeRow,
 }
@@ -68,7 +73,10 @@ pub(crate) enum Partner {
 pub(crate) fn partner(format: WeightFormat) -> Partner {
     match format {
         WeightFormat::Ggml(t) => ggml_partner(t),
-        WeightFormat::MlxAffine { .. } => mlx_affine::partner(format).unwrap_or(Partner::DecodeRow),
+        WeightFormat::MlxAffine { .. } => match mlx_float::supports(format) {
+            Some(_) => Partner::Mlx,
+            None => Partner::DecodeRow,
+        },
     }
 }
 
@@ -138,11 +146,22 @@ impl OutPtr {
 impl NativeKernels {
     /// Kernels at `level`, clamped to what the host supports.
     pub fn new(level: SimdLevel) -> Self {
+        Self::with_mlx_activations(level, MlxActivations::default())
+    }
+
+    /// Kernels at `level` with MLX weights multiplied as `mlx` says.
+    pub fn with_mlx_activations(level: SimdLevel, mlx: MlxActivations) -> Self {
         let level = clamp_to_host(level, &supported_levels());
         NativeKernels {
             level,
             dispatch: Dispatch::for_level(level),
+            mlx,
         }
+    }
+
+    /// How MLX weights are multiplied.
+    pub fn mlx_activations(&self) -> MlxActivations {
+        self.mlx
     }
 
     /// The SIMD level in use.
@@ -375,7 +394,12 @@ impl Kernels for NativeKernels {
         let cols = w.cols;
         let d = self.dispatch;
         match (partner(w.format), w.format) {
-            (Partner::MlxQ8, _) => self.matmul_mlx(w, x, n_tokens, out)?,
+            (Partner::Mlx, _)
+                if self.mlx == MlxActivations::Q8 && mlx_affine::supports(w.format).is_some() =>
+            {
+                self.matmul_mlx(w, x, n_tokens, out)?
+            }
+            (Partner::Mlx, _) => self.matmul_mlx_f32(w, x, n_tokens, out)?,
             (Partner::Q8, WeightFormat::Ggml(t)) => {
                 // Quantize every token's activations once, into the reused buffer.
                 let mut acts = ACTS_Q8.with(|c| c.take());

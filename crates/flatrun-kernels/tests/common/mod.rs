@@ -270,9 +270,21 @@ pub fn matmul_with(k: &NativeKernels, w: &Weight, x: &[f32], n: usize) -> Vec<f3
 /// `label` names the case in a failure.
 #[allow(dead_code)] // not every test file that includes `common` uses it
 pub fn assert_gemv_equals_gemm_columns(w: &Weight, x: &[f32], n: usize, label: &str) {
+    assert_gemv_equals_gemm_columns_with(NativeKernels::new, w, x, n, label)
+}
+
+/// [`assert_gemv_equals_gemm_columns`] with the kernels `make(level)`.
+#[allow(dead_code)] // not every test file that includes `common` uses it
+pub fn assert_gemv_equals_gemm_columns_with(
+    make: impl Fn(flatrun_kernels::SimdLevel) -> NativeKernels,
+    w: &Weight,
+    x: &[f32],
+    n: usize,
+    label: &str,
+) {
     let (rows, cols) = (w.rows, w.cols);
     for level in flatrun_kernels::supported_levels() {
-        let k = NativeKernels::new(level);
+        let k = make(level);
         let gemm = matmul_with(&k, w, x, n);
         for tok in 0..n {
             let gemv = matmul_with(&k, w, &x[tok * cols..(tok + 1) * cols], 1);

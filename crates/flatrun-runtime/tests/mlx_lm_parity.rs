@@ -1,0 +1,225 @@
+//! MLX directories written by mlx-lm itself, against mlx-lm's own answers.
+//!
+//! `scripts/gen_mlx_lm_checkpoints.py` (run by `scripts/setup-test-env.sh`)
+//! converts the Hugging Face directories of `gen_hf_checkpoints.py` with the
+//! real `mlx_lm.convert` (mlx-lm 0.32.2, mlx[cpu] 0.32.4) into
+//! `$FLATRUN_MLX_CKPT/lm/<family>-<recipe>`: 4-bit g64 (mlx-lm's default),
+//! 8-bit g32, 3-bit g64 and the `mixed_3_6` recipe (per-layer 3/6-bit entries
+//! in `config.json`) for SmolLM2, Qwen2.5 and Gemma 3; for SmolLM2 also 2-bit
+//! g128, 5-bit g32, 6-bit g128 and a sharded copy (`model.safetensors.index.json`
+//! over 20 MB shards). The fixtures `tests/fixtures/mlx-lm/<name>.json` hold
+//! mlx-lm's logits on the same directory in float32 (`model.set_dtype(mx.float32)`):
+//! teacher-forced top-10 over fixed texts, and greedy continuations with the
+//! top-2 gap of every step (`gen_mlx_lm_checkpoints.py --goldens`).
+//!
+//! Criteria, per directory and backend:
+//! * teacher-forced arg-max equal to mlx-lm's at ≥ 99% of the positions whose
+//!   mlx-lm top-2 gap is at least [`NEAR_TIE`]; the near-ties are excused and
+//!   listed (printed with `--nocapture`);
+//! * greedy continuations identical, except a divergence that starts at a
+//!   near-tie (listed);
+//! * the directory's `tokenizer.json` gives mlx-lm's token ids.
+//!
+//! A missing directory is a skip (message printed), unless
+//! `FLATRUN_REQUIRE_MODELS=1`. Run in release mode:
+//! `cargo test --release -p flatrun-runtime --test mlx_lm_parity -- --nocapture`.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::logits::{LogitFixture, all_logits, floats, ids};
+use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency, argmax};
+
+/// A position or greedy step whose mlx-lm top-2 gap is below this is a near-tie.
+const NEAR_TIE: f32 = 0.1;
+/// Share of the other teacher-forced positions whose arg-max must agree.
+const ARGMAX_SHARE: f64 = 0.99;
+
+fn ckpt_dir() -> PathBuf {
+    match std::env::var_os("FLATRUN_MLX_CKPT") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+            .join(".cache/flatrun/mlx-ckpt"),
+    }
+    .join("lm")
+}
+
+/// The directory `name`, or `None` (after a skip message) when it is missing,
+/// unless `FLATRUN_REQUIRE_MODELS=1`.
+fn checkpoint(name: &str) -> Option<PathBuf> {
+    let dir = ckpt_dir().join(name);
+    if dir.join(".done").exists() {
+        return Some(dir);
+    }
+    let hint = "run scripts/gen_mlx_lm_checkpoints.py";
+    if std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() == Ok("1") {
+        panic!(
+            "{} is missing and FLATRUN_REQUIRE_MODELS=1 ({hint})",
+            dir.display()
+        );
+    }
+    eprintln!("skipping: {} not found ({hint})", dir.display());
+    None
+}
+
+fn fixture(name: &str) -> LogitFixture {
+    LogitFixture::load(&common::fixtures().join(format!("mlx-lm/{name}.json")))
+}
+
+/// Every check of one directory on one backend.
+fn check(name: &str, backend: BackendKind) {
+    let Some(dir) = checkpoint(name) else {
+        return;
+    };
+    let fixture = fixture(name);
+    let mut model = Model::load(
+        &dir,
+        LoadOptions {
+            backend,
+            residency: Residency::Resident,
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load the mlx-lm directory");
+    let label = format!("{name} [{backend:?}]");
+    let vocab = model.executor().vocab_size();
+
+    // Tokenizer: the directory's tokenizer.json gives mlx-lm's ids.
+    for case in &fixture.teacher_forced {
+        let prompt = case.prompt.as_deref().expect("fixture prompt");
+        let got = model.encode(prompt, true).expect("encode");
+        assert_eq!(got, case.tokens, "{label}: token ids differ from mlx-lm's");
+    }
+
+    // Teacher-forced arg-max.
+    let (mut positions, mut agree, mut excused) = (0usize, 0usize, Vec::new());
+    let mut worst = 0f32;
+    for (c, case) in fixture.teacher_forced.iter().enumerate() {
+        let all = all_logits(&mut model, &case.tokens);
+        for (p, (rid, rl)) in case.top_ids.iter().zip(&case.top_logits).enumerate() {
+            let row = &all[p * vocab..(p + 1) * vocab];
+            for (&id, &want) in rid.iter().zip(rl) {
+                worst = worst.max((row[id as usize] - want).abs());
+            }
+            let gap = rl[0] - rl[1];
+            let ours = argmax(row);
+            if gap < NEAR_TIE {
+                if ours != rid[0] {
+                    excused.push(format!(
+                        "case {c} position {p}: ours {ours}, mlx-lm {} (gap {gap:.3})",
+                        rid[0]
+                    ));
+                }
+                continue;
+            }
+            positions += 1;
+            if ours == rid[0] {
+                agree += 1;
+            } else {
+                eprintln!(
+                    "  {label}: arg-max differs at case {c} position {p}: ours {ours}, mlx-lm {} (gap {gap:.3})",
+                    rid[0]
+                );
+            }
+        }
+    }
+    for e in &excused {
+        eprintln!("  {label}: near-tie excused: {e}");
+    }
+    eprintln!(
+        "{label}: teacher-forced arg-max {agree}/{positions} (near-ties below {NEAR_TIE} excused: {}), \
+         largest top-10 |diff| {worst:.4}",
+        excused.len()
+    );
+    assert!(positions >= 40, "{label}: too few positions");
+    assert!(
+        agree as f64 >= ARGMAX_SHARE * positions as f64,
+        "{label}: teacher-forced arg-max {agree}/{positions} below {ARGMAX_SHARE}"
+    );
+
+    // Greedy continuations: prefill, then one token at a time (as mlx-lm did).
+    let mut failures = Vec::new();
+    for case in fixture.json["greedy"].as_array().expect("greedy") {
+        let (prompt, want, gaps) = (
+            ids(&case["tokens"]),
+            ids(&case["generated"]),
+            floats(&case["gaps"]),
+        );
+        let mut session = model.session();
+        let mut logits = session.step(&prompt).expect("prefill");
+        let mut got = Vec::with_capacity(want.len());
+        for _ in 0..want.len() {
+            let id = argmax(&logits);
+            got.push(id);
+            logits = session.step(&[id]).expect("decode");
+        }
+        match got.iter().zip(&want).position(|(a, b)| a != b) {
+            None => eprintln!(
+                "{label} greedy {:?}: {} tokens identical",
+                case["prompt"],
+                want.len()
+            ),
+            Some(k) => {
+                let gap = gaps.get(k).copied().unwrap_or(f32::INFINITY);
+                eprintln!(
+                    "{label} greedy {:?}: diverges at step {k} (ours {}, mlx-lm {}, mlx-lm top-2 gap {gap}){}",
+                    case["prompt"],
+                    got[k],
+                    want[k],
+                    if gap < NEAR_TIE {
+                        " — near-tie, excused"
+                    } else {
+                        ""
+                    }
+                );
+                if gap >= NEAR_TIE {
+                    failures.push(format!("{:?}: step {k}, gap {gap}", case["prompt"]));
+                }
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{label}: greedy divergences not at a near-tie: {failures:?}"
+    );
+}
+
+/// `$name_native` and `$name_reference` for the directory `$dir`;
+/// `long` marks the reference run of a larger model as run on demand.
+macro_rules! cases {
+    ($($name:ident => $dir:literal $(, $long:literal)?;)*) => {
+        mod native {
+            use super::*;
+            $(
+                #[test]
+                #[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+                fn $name() {
+                    check($dir, BackendKind::Native);
+                }
+            )*
+        }
+        mod reference {
+            use super::*;
+            $(
+                #[test]
+                #[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+                $(#[cfg_attr(not(debug_assertions), ignore = $long)])?
+                fn $name() {
+                    check($dir, BackendKind::Reference);
+                }
+            )*
+        }
+    };
+}
+
+cases! {
+    smollm2_q4g64 => "smollm2-135m-q4g64";
+    smollm2_q8g32 => "smollm2-135m-q8g32";
+    smollm2_q3g64 => "smollm2-135m-q3g64";
+    smollm2_mixed36 => "smollm2-135m-mixed36";
+    smollm2_q4g64_sharded => "smollm2-135m-q4g64-sharded";
+    qwen25_q4g64 => "qwen2.5-0.5b-q4g64";
+    gemma3_q4g64 => "gemma3-270m-q4g64";
+    gemma3_q8g32 => "gemma3-270m-q8g32";
+}
