@@ -157,7 +157,10 @@ impl hf_hub::api::Progress for Hook {
         state.size = size as u64;
         state.done = 0;
         state.offset_pending = true;
-        state.bar = Some(Progress::bytes(self.show, size as u64, &self.label));
+        // hf-hub calls this again before each (re)try: keep one bar.
+        if state.bar.is_none() {
+            state.bar = Some(Progress::bytes(self.show, size as u64, &self.label));
+        }
     }
 
     fn update(&mut self, size: usize) {

@@ -7,6 +7,8 @@
 mod common;
 #[path = "common/mock_hub.rs"]
 mod mock_hub;
+#[path = "common/tmux.rs"]
+mod tmux;
 
 use common::flatrun;
 use mock_hub::{COMMIT, MockFile, MockHub, bytes};
@@ -381,4 +383,37 @@ fn pull_list_run_rm_a_real_model() {
     env(&mut gone);
     let out = gone.args(["rm", &name]).assert().failure();
     assert!(stderr(&out).contains("not in the cache"));
+}
+
+#[test]
+fn the_progress_bar_redraws_in_a_terminal_and_clears() {
+    if !tmux::tmux_available() {
+        return;
+    }
+    let hub = MockHub::start(vec![gguf_repo(q4(bytes(4 * MIB, 11)).slow())]);
+    let home = tempfile::tempdir().unwrap();
+    let command = format!(
+        "env -u HF_HUB_CACHE -u HF_TOKEN HF_ENDPOINT={} HF_HOME={} {} pull {GGUF_REPO}:Q4_K_M",
+        hub.endpoint,
+        home.path().display(),
+        common::flatrun_path().display()
+    );
+    let term = tmux::Tmux::start("pull", &command);
+    // Mid-transfer: the bar with bytes, rate and time left.
+    let during = term.wait_for("the progress bar", 30, |s| {
+        s.lines().any(|l| {
+            l.starts_with("tiny-q4_k_m.gguf [=") && l.contains("/s eta") && !l.contains(" 0 B/s")
+        })
+    });
+    assert!(during.contains("/4.00 MiB"), "{during}");
+    term.wait_dead("pull");
+    let after = term.screen();
+    // The bar is gone; the final lines stay.
+    assert!(!after.contains("eta"), "{after}");
+    assert!(
+        after.contains("tiny-q4_k_m.gguf: 4.0 MiB of 4.0 MiB"),
+        "{after}"
+    );
+    assert!(after.contains("pulled test/tiny-GGUF:Q4_K_M"), "{after}");
+    assert!(after.contains("snapshots"), "{after}");
 }

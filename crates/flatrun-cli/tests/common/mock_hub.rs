@@ -22,6 +22,8 @@ pub struct MockFile {
     pub lfs: bool,
     /// Body transfers still to cut off halfway.
     pub cuts: AtomicUsize,
+    /// Send the body in 64 KiB pieces 30 ms apart (to watch a progress bar).
+    pub slow: bool,
 }
 
 impl MockFile {
@@ -34,6 +36,7 @@ impl MockFile {
             id,
             lfs: true,
             cuts: AtomicUsize::new(0),
+            slow: false,
         }
     }
 
@@ -49,12 +52,19 @@ impl MockFile {
             id,
             lfs: false,
             cuts: AtomicUsize::new(0),
+            slow: false,
         }
     }
 
     /// Cut the next `n` body transfers off halfway.
     pub fn cut(self, n: usize) -> MockFile {
         self.cuts.store(n, Ordering::SeqCst);
+        self
+    }
+
+    /// Send the body slowly.
+    pub fn slow(mut self) -> MockFile {
+        self.slow = true;
         self
     }
 
@@ -254,6 +264,19 @@ fn serve(stream: TcpStream, repos: &Repos, seen: &Mutex<Vec<Seen>>) -> std::io::
         out.write_all(&body[..body.len() / 2])?;
         out.flush()?;
         return out.shutdown(std::net::Shutdown::Both);
+    }
+    if file.slow && body.len() > 1 {
+        write!(
+            out,
+            "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nConnection: close\r\n{headers}\r\n",
+            body.len()
+        )?;
+        for piece in body.chunks(64 << 10) {
+            out.write_all(piece)?;
+            out.flush()?;
+            std::thread::sleep(std::time::Duration::from_millis(30));
+        }
+        return Ok(());
     }
     reply(&mut out, "206 Partial Content", &headers, body)
 }
