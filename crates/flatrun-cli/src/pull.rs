@@ -88,7 +88,17 @@ pub fn run(args: &PullArgs) -> Result<()> {
             return Err(error);
         }
     };
-    let files: Vec<String> = info.siblings.iter().map(|s| s.rfilename.clone()).collect();
+    // Names from the hub become paths here: nothing may climb out.
+    let safe = |name: &str| !name.split('/').any(|p| p == ".." || p.is_empty());
+    if info.sha.is_empty() || !info.sha.chars().all(|c| c.is_ascii_alphanumeric()) {
+        bail!("the hub answered a malformed commit id for {}", spec.repo);
+    }
+    let files: Vec<String> = info
+        .siblings
+        .iter()
+        .map(|s| s.rfilename.clone())
+        .filter(|name| safe(name))
+        .collect();
     let selection = crate::hub::select(&spec.repo, &files, spec.select.as_deref())?;
     let show = on_terminal(args.quiet);
     let mut fetched = 0u64;
