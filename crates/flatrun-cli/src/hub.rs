@@ -263,19 +263,26 @@ pub fn files_under(dir: &Path) -> Vec<String> {
 }
 
 /// The `--model` value parser: an existing path as given, else
-/// `OWNER/NAME[:QUANT]` resolved from the hub cache, else the path as given
-/// (which then fails with "model not found").
+/// `OWNER/NAME[:QUANT]` resolved from the hub cache, else the text as a path
+/// (loading then says why it is not found: [`not_found`]).
 pub fn model_arg(text: &str) -> Result<PathBuf, String> {
     let path = PathBuf::from(text);
     if path.exists() {
         return Ok(path);
     }
-    match ModelSpec::parse(text) {
-        Some(spec) => HubCache::from_env()
-            .resolve(&spec, "main")
-            .map_err(|e| format!("{e:#}")),
-        None => Ok(path),
-    }
+    Ok(ModelSpec::parse(text)
+        .and_then(|spec| HubCache::from_env().resolve(&spec, "main").ok())
+        .unwrap_or(path))
+}
+
+/// Why a `--model` that names no file is not in the hub cache either, when
+/// it has the shape of a hub name.
+pub fn not_found(text: &str) -> Option<String> {
+    let spec = ModelSpec::parse(text)?;
+    HubCache::from_env()
+        .resolve(&spec, "main")
+        .err()
+        .map(|e| format!("{e:#}"))
 }
 
 #[cfg(test)]

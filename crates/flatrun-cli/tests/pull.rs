@@ -146,10 +146,23 @@ fn pulls_a_quant_into_the_hub_cache_and_reuses_it() {
         .env_remove("HF_HUB_CACHE")
         .assert()
         .failure();
+    let err = stderr(&missing);
     assert!(
-        stderr(&missing).contains("has no Q5_K_M"),
-        "{}",
-        stderr(&missing)
+        err.starts_with("error: model not found") && err.contains("has no Q5_K_M"),
+        "{err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 2, "{err}");
+    assert_eq!(missing.get_output().status.code(), Some(1));
+    let absent = flatrun()
+        .args(["tokenize", "--model", "other/repo:Q4_K_M", "--text", "hi"])
+        .env("HF_HOME", home.path())
+        .env_remove("HF_HUB_CACHE")
+        .assert()
+        .failure();
+    let err = stderr(&absent);
+    assert!(
+        err.contains("not in the cache") && err.contains("flatrun pull other/repo:Q4_K_M"),
+        "{err}"
     );
 }
 
