@@ -24,6 +24,7 @@ mod perplexity;
 mod perplexity_stats;
 mod profile_table;
 mod progress;
+#[cfg(feature = "hub")]
 mod pull;
 mod quantize;
 mod quantize_rules;
@@ -61,6 +62,7 @@ enum Command {
     /// Write a GGUF again with the tensor types of a quantization mix (Q4_K_M, Q8_0, ...).
     Quantize(quantize::QuantizeArgs),
     /// Fetch a model from the Hugging Face Hub (OWNER/NAME[:QUANT or :FILE]) into its cache.
+    #[cfg(feature = "hub")]
     Pull(pull::PullArgs),
     /// List the models in the Hugging Face Hub cache (name, format, architecture, quant mix, size, path).
     List(models::ListArgs),
@@ -89,6 +91,7 @@ fn dispatch(cli: Cli, explicit: &[&str]) -> Result<()> {
         Command::Serve(args) => serve::run(args, explicit),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(&args),
+        #[cfg(feature = "hub")]
         Command::Pull(args) => pull::run(&args),
         Command::List(args) => models::list(&args),
         Command::Rm(args) => models::rm(&args),

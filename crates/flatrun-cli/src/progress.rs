@@ -33,6 +33,7 @@ impl Progress {
 
     /// A bar of `total` bytes labelled `what` with the rate and the time
     /// left, drawn when `show`.
+    #[cfg(feature = "hub")]
     pub fn bytes(show: bool, total: u64, what: &str) -> Progress {
         if !show {
             return Progress(None);
@@ -49,6 +50,7 @@ impl Progress {
 
     /// Start measuring the rate and time left again from here (after a
     /// jump such as resuming a download).
+    #[cfg(feature = "hub")]
     pub fn restart_rate(&self) {
         if let Some(bar) = &self.0 {
             bar.reset_eta();

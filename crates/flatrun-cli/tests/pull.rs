@@ -3,6 +3,7 @@
 //! after an interrupted transfer, the hub id check, and the errors (missing
 //! repo, missing quant, no network, full disk). Also `--model REPO:QUANT`
 //! resolved from the cache.
+#![cfg(feature = "hub")]
 
 mod common;
 #[path = "common/mock_hub.rs"]
