@@ -30,8 +30,9 @@ use std::time::Instant;
 /// Arguments of `flatrun bench`.
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
-    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
-    #[arg(long, short)]
+    /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
+    /// OWNER/NAME[:QUANT] from the hub cache.
+    #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Prompt tokens of the prefill test (0 = skip).
     #[arg(short = 'p', long = "n-prompt", default_value_t = 128)]

@@ -23,8 +23,9 @@ use std::path::PathBuf;
 /// Arguments of `flatrun chat`.
 #[derive(Debug, clap::Args)]
 pub struct ChatArgs {
-    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
-    #[arg(long, short)]
+    /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
+    /// OWNER/NAME[:QUANT] from the hub cache.
+    #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Most tokens per answer.
     #[arg(long, short = 'n', default_value_t = 512)]

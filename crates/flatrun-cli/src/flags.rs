@@ -349,7 +349,8 @@ pub fn weight_bytes(model: &Path) -> u64 {
                         let name = e.file_name().to_string_lossy().to_string();
                         name.ends_with(".safetensors") || name.ends_with(".gguf")
                     })
-                    .filter_map(|e| e.metadata().ok())
+                    // Followed: hub cache snapshots hold links to blobs.
+                    .filter_map(|e| std::fs::metadata(e.path()).ok())
                     .map(|m| m.len())
                     .sum()
             })

@@ -11,7 +11,9 @@ use serde::Serialize;
 /// Arguments of `flatrun inspect`.
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// A `.gguf` or `.safetensors` file, or a Hugging Face / MLX directory.
+    /// A `.gguf` or `.safetensors` file, a Hugging Face / MLX directory, or
+    /// a pulled OWNER/NAME[:QUANT] from the hub cache.
+    #[arg(value_parser = crate::hub::model_arg)]
     pub path: PathBuf,
     /// List every tensor (canonical name, original name, dtype, shape, bytes, offset).
     #[arg(long)]

@@ -18,6 +18,9 @@ pub struct Loaded {
 /// Check that `path` looks like a checkpoint before handing it to the runtime.
 pub fn check_model_path(path: &Path) -> Result<()> {
     if !path.exists() {
+        if let Some(why) = crate::hub::not_found(&path.to_string_lossy()) {
+            bail!("model not found: {}: {why}", path.display());
+        }
         bail!(
             "model not found: {}\nhint: pass a .gguf file or a SafeTensors/MLX directory (models are cached in $FLATRUN_MODELS)",
             path.display()

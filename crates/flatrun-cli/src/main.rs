@@ -2,7 +2,7 @@
 //!
 //! `flatrun --model M --prompt "..."` (the same as `flatrun run ...`)
 //! generates from a prompt; `chat`, `bench`, `inspect`, `tokenize`,
-//! `serve`, `perplexity` and `quantize` are the other commands. Every error is printed as one or two
+//! `serve`, `perplexity`, `quantize`, `pull`, `list` and `rm` are the other commands. Every error is printed as one or two
 //! lines (cause, then a hint) with exit code 1; clap reports bad flags with
 //! exit code 2.
 
@@ -13,15 +13,19 @@ mod bench;
 mod chat;
 mod flags;
 mod generation;
+mod hub;
 mod inspect;
 mod inspect_plan;
 mod inspect_tensor;
 mod interrupt;
 mod loading;
+mod models;
 mod perplexity;
 mod perplexity_stats;
 mod profile_table;
 mod progress;
+#[cfg(feature = "hub")]
+mod pull;
 mod quantize;
 mod quantize_rules;
 mod run;
@@ -57,6 +61,13 @@ enum Command {
     Perplexity(perplexity::PerplexityArgs),
     /// Write a GGUF again with the tensor types of a quantization mix (Q4_K_M, Q8_0, ...).
     Quantize(quantize::QuantizeArgs),
+    /// Fetch a model from the Hugging Face Hub (OWNER/NAME[:QUANT or :FILE]) into its cache.
+    #[cfg(feature = "hub")]
+    Pull(pull::PullArgs),
+    /// List the models in the Hugging Face Hub cache (name, format, architecture, quant mix, size, path).
+    List(models::ListArgs),
+    /// Remove a model (OWNER/NAME[:QUANT]) from the Hugging Face Hub cache.
+    Rm(models::RmArgs),
 }
 
 /// The sampling flags given explicitly on the command line of `serve`.
@@ -80,6 +91,10 @@ fn dispatch(cli: Cli, explicit: &[&str]) -> Result<()> {
         Command::Serve(args) => serve::run(args, explicit),
         Command::Perplexity(args) => perplexity::run(args),
         Command::Quantize(args) => quantize::run(&args),
+        #[cfg(feature = "hub")]
+        Command::Pull(args) => pull::run(&args),
+        Command::List(args) => models::list(&args),
+        Command::Rm(args) => models::rm(&args),
     }
 }
 

@@ -31,6 +31,32 @@ impl Progress {
         Progress(Some(bar))
     }
 
+    /// A bar of `total` bytes labelled `what` with the rate and the time
+    /// left, drawn when `show`.
+    #[cfg(feature = "hub")]
+    pub fn bytes(show: bool, total: u64, what: &str) -> Progress {
+        if !show {
+            return Progress(None);
+        }
+        let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+        if let Ok(style) = ProgressStyle::with_template(
+            "{msg} [{bar:30}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} eta {eta}",
+        ) {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(what.to_string());
+        Progress(Some(bar))
+    }
+
+    /// Start measuring the rate and time left again from here (after a
+    /// jump such as resuming a download).
+    #[cfg(feature = "hub")]
+    pub fn restart_rate(&self) {
+        if let Some(bar) = &self.0 {
+            bar.reset_eta();
+        }
+    }
+
     /// A spinner with elapsed time labelled `what`, drawn when `show`.
     pub fn spinner(show: bool, what: &str) -> Progress {
         if !show {

@@ -15,8 +15,9 @@ use std::sync::Arc;
 /// Arguments of `flatrun serve`.
 #[derive(Debug, clap::Args)]
 pub struct ServeCommand {
-    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
-    #[arg(long, short)]
+    /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
+    /// OWNER/NAME[:QUANT] from the hub cache.
+    #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     #[command(flatten)]
     pub server: ServeArgs,

@@ -17,8 +17,9 @@ use std::path::{Path, PathBuf};
 #[derive(Debug, clap::Args)]
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file"])))]
 pub struct TokenizeArgs {
-    /// Checkpoint: a GGUF file, or a SafeTensors / MLX directory.
-    #[arg(long, short)]
+    /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
+    /// OWNER/NAME[:QUANT] from the hub cache.
+    #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Text to tokenize.
     #[arg(long, short)]
