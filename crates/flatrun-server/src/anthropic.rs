@@ -19,8 +19,10 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
+use crate::config::ContextOverflow;
 use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
 use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
+use crate::overflow;
 use crate::request_body::{RawBody, parse_json};
 use crate::request_fields::{ExtraSampling, check_stop, compile, forced_call_grammar};
 use crate::state::{AppState, SamplingOverrides, random_id};
@@ -372,7 +374,8 @@ fn encode(
     engine: &dyn Engine,
     turns: &[ChatMessage],
     tools: &ToolSet,
-) -> Result<Vec<u32>, ApiError> {
+    overflow: (ContextOverflow, usize),
+) -> Result<overflow::ChatPrompt, ApiError> {
     if tools.active() && engine.tool_syntax().is_none() {
         return Err(ApiError::invalid(
             FLAVOR,
@@ -380,8 +383,9 @@ fn encode(
         ));
     }
     // A final assistant message is the start of the answer (prefill).
-    engine
-        .encode_chat_tools(turns, tools.template_value().as_ref(), true)
+    let (mode, room) = overflow;
+    let tools = tools.template_value();
+    overflow::chat_prompt(engine, mode, turns, tools.as_ref(), true, room)
         .map_err(|e| ApiError::from_engine(FLAVOR, e))
 }
 
@@ -424,7 +428,9 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     };
     let tools = tool_set(request.tools, request.tool_choice)?;
     let turns = chat_messages(request.system, request.messages)?;
-    let prompt = encode(engine.as_ref(), &turns, &tools)?;
+    let room = overflow::prompt_room(engine.context_length(), Some(max_tokens));
+    let overflow = (state.config.context_overflow, room);
+    let prompt = encode(engine.as_ref(), &turns, &tools, overflow)?;
     let syntax = engine.tool_syntax().filter(|_| tools.active());
     let forced = tools.forced();
     let constraint = match syntax {
@@ -440,20 +446,23 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         top_k: request.top_k.map(|k| k as usize),
         seed: request.seed,
     });
+    let cache_prompt = request.extra.cache_prompt.unwrap_or(true);
     request
         .extra
         .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
     let stop = request.stop_sequences.unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop_sequences")?;
-    let input_tokens = prompt.len();
+    let input_tokens = prompt.tokens.len();
     let generation = state.submit_request(
         FLAVOR,
         engine.as_ref(),
         GenerationRequest {
-            prompt,
+            prompt: prompt.tokens,
+            keep: prompt.keep,
             sampling,
             stop,
             constraint,
+            cache_prompt,
             ..GenerationRequest::default()
         },
         Some(max_tokens),
@@ -513,7 +522,7 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+        "usage": usage.anthropic_json(),
     }))
     .into_response())
 }
@@ -526,8 +535,9 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
         state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
         let tools = tool_set(request.tools, request.tool_choice)?;
         let turns = chat_messages(request.system, request.messages)?;
-        let prompt = encode(engine.as_ref(), &turns, &tools)?;
-        Ok::<_, ApiError>(json!({"input_tokens": prompt.len()}))
+        let exact = (ContextOverflow::Error, usize::MAX);
+        let prompt = encode(engine.as_ref(), &turns, &tools, exact)?;
+        Ok::<_, ApiError>(json!({"input_tokens": prompt.tokens.len()}))
     })();
     match result {
         Ok(body) => Json(body).into_response(),
@@ -662,7 +672,7 @@ impl MessageStream {
             "message_delta",
             json!({"type": "message_delta",
                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                   "usage": {"output_tokens": usage.completion_tokens}}),
+                   "usage": usage.anthropic_json()}),
         ));
         self.queue
             .push_back(event("message_stop", json!({"type": "message_stop"})));

@@ -35,6 +35,10 @@ pub struct ExtraSampling {
     pub penalty_window: Option<usize>,
     #[serde(default)]
     pub logit_bias: Option<HashMap<String, f32>>,
+    /// llama-server's `cache_prompt`: `false` neither reuses a cached
+    /// prefix nor keeps this request's KV for later ones.
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
 }
 
 impl ExtraSampling {
