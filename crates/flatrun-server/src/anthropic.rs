@@ -25,7 +25,7 @@ use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_
 use crate::overflow;
 use crate::request_body::{RawBody, parse_json};
 use crate::request_fields::{ExtraSampling, check_stop, compile, forced_call_grammar};
-use crate::state::{AppState, SamplingOverrides, random_id};
+use crate::state::{AppState, random_id};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
@@ -91,12 +91,6 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub max_tokens: Option<u64>,
     #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
     pub stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -109,9 +103,8 @@ pub struct MessagesRequest {
     /// Accepted and ignored (`user_id`).
     #[serde(default)]
     pub metadata: Option<Value>,
-    /// Extensions shared with the OpenAI side (`seed`, penalties, …).
-    #[serde(default)]
-    pub seed: Option<u64>,
+    /// `temperature`, `top_p`, `top_k`, and extensions shared with the
+    /// OpenAI side (`seed`, penalties, …).
     #[serde(flatten)]
     pub extra: ExtraSampling,
 }
@@ -440,16 +433,7 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         }
         _ => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    let cache_prompt = request.extra.cache_prompt.unwrap_or(true);
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop_sequences.unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop_sequences")?;
     let input_tokens = prompt.tokens.len();

@@ -28,7 +28,7 @@ use crate::request_body::{RawBody, parse_json};
 use crate::request_fields::{
     ExtraSampling, check_stop, compile, forced_call_grammar, response_format_grammar,
 };
-use crate::state::{AppState, SamplingOverrides, random_id, unix_time};
+use crate::state::{AppState, random_id, unix_time};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
@@ -122,15 +122,6 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub max_completion_tokens: Option<u64>,
     #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    /// Extension (llama-server, vLLM).
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
-    pub seed: Option<u64>,
-    #[serde(default)]
     pub stop: Option<StopField>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -191,14 +182,6 @@ pub struct CompletionRequest {
     pub prompt: PromptField,
     #[serde(default)]
     pub max_tokens: Option<u64>,
-    #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
-    pub seed: Option<u64>,
     #[serde(default)]
     pub stop: Option<StopField>,
     #[serde(default)]
@@ -660,16 +643,7 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    let cache_prompt = request.extra.cache_prompt.unwrap_or(true);
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     let generation = GenerationRequest {
@@ -870,16 +844,7 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    let cache_prompt = request.extra.cache_prompt.unwrap_or(true);
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     // OpenAI's legacy default is 16 tokens.
