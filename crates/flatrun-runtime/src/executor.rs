@@ -74,6 +74,10 @@ impl Sequence {
     pub fn kv_bytes(&self) -> usize {
         self.kv.bytes()
     }
+    /// Bytes of the KV cache's written slots (what it occupies so far).
+    pub fn kv_used_bytes(&self) -> usize {
+        self.kv.used_bytes()
+    }
     /// Bytes of the recurrent states (hybrid models; 0 otherwise).
     pub fn recurrent_bytes(&self) -> usize {
         self.recurrent.bytes()
@@ -487,6 +491,26 @@ impl StreamingExecutor {
             kv: KvCache::with_layout(&self.cfg, ctx, self.max_batch, &self.kv_layout),
             recurrent: RecurrentState::new(&self.cfg),
         }
+    }
+
+    /// A new sequence of `positions` positions (at least `len`) that starts
+    /// with `src`'s first `len` tokens and their KV, copied, so that it goes
+    /// on exactly as `src` would from there: a server reuses a cached
+    /// prompt prefix this way instead of recomputing it. `None` when `src`
+    /// cannot give that prefix: a hybrid model (its recurrent state is a
+    /// summary of every token and cannot be cut), a sliding-window ring
+    /// that dropped a position the window still needs, or `len` beyond
+    /// `src`.
+    pub fn fork_sequence(&self, src: &Sequence, len: usize, positions: usize) -> Option<Sequence> {
+        if len > src.len() || len > self.ctx || src.recurrent.is_used() {
+            return None;
+        }
+        let mut seq = self.new_sequence_with_capacity(positions.max(len));
+        if !seq.kv.copy_prefix_from(&src.kv, len) {
+            return None;
+        }
+        seq.tokens.extend_from_slice(&src.tokens[..len]);
+        Some(seq)
     }
 
     /// Bytes of the model file resident in the page cache (`mincore`), and

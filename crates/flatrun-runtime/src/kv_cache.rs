@@ -166,6 +166,14 @@ impl KvStore {
     fn bytes(&self) -> usize {
         self.kind.bytes(self.len)
     }
+    /// Copies `src`'s row in `src_slot` (same type and width) into `slot`.
+    fn copy_row(&mut self, slot: usize, src: &KvStore, src_slot: usize, dim: usize) {
+        let kind = self.kind;
+        let from =
+            &src.bytes.as_bytes()[kind.bytes(src_slot * dim)..kind.bytes((src_slot + 1) * dim)];
+        self.bytes.as_bytes_mut()[kind.bytes(slot * dim)..kind.bytes((slot + 1) * dim)]
+            .copy_from_slice(from);
+    }
 }
 
 /// The cache of one layer of one sequence.
@@ -177,6 +185,8 @@ pub struct LayerKvCache {
     slots: usize,
     /// Sliding-window layers wrap around (`slot = pos % slots`).
     ring: bool,
+    /// The attention window of a sliding-window layer.
+    window: Option<usize>,
     /// Largest position the sequence may reach (the context size).
     max_position: usize,
     keys: KvStore,
@@ -207,6 +217,43 @@ impl LayerKvCache {
                 *p = usize::MAX;
             }
         }
+    }
+
+    /// The slot holding `pos`, if it still holds it.
+    fn slot_of(&self, pos: usize) -> Option<usize> {
+        let slot = if self.ring { pos % self.slots } else { pos };
+        (slot < self.high_water && self.slot_pos[slot] == pos).then_some(slot)
+    }
+
+    /// Copies what attention at position `len` needs of `src`'s first `len`
+    /// positions (all of them, or a sliding window's last `window`) into
+    /// this empty layer; false when `src` no longer holds one of them (a
+    /// ring that moved past it) or the shapes differ.
+    fn copy_prefix_from(&mut self, src: &LayerKvCache, len: usize) -> bool {
+        if self.kv_dim != src.kv_dim
+            || self.keys.kind != src.keys.kind
+            || self.values.kind != src.values.kind
+        {
+            return false;
+        }
+        let mut first = self.window.map_or(0, |w| len.saturating_sub(w));
+        if self.ring {
+            first = first.max(len.saturating_sub(self.slots));
+        }
+        for pos in first..len {
+            let Some(from) = src.slot_of(pos) else {
+                return false;
+            };
+            let slot = if self.ring { pos % self.slots } else { pos };
+            if slot >= self.slots {
+                return false;
+            }
+            self.keys.copy_row(slot, &src.keys, from, self.kv_dim);
+            self.values.copy_row(slot, &src.values, from, self.kv_dim);
+            self.slot_pos[slot] = pos;
+            self.high_water = self.high_water.max(slot + 1);
+        }
+        true
     }
 
     /// Bytes of the written slots of keys and values.
@@ -399,6 +446,7 @@ impl KvCache {
                 kv_dim,
                 slots,
                 ring,
+                window: cfg.window(il),
                 max_position: ctx,
                 keys: store(layout.keys, slots * kv_dim, kb),
                 values: store(layout.values, slots * kv_dim, vb),
@@ -450,6 +498,33 @@ impl KvCache {
         for l in &mut self.layers {
             l.truncate(pos);
         }
+    }
+
+    /// Bytes of the slots written so far (what the cache really occupies:
+    /// the rest of its mapping was never touched).
+    pub fn used_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| {
+                let (k, v) = l.used_bytes();
+                k + v
+            })
+            .sum()
+    }
+
+    /// Fills this empty cache with what `src` holds of positions `0..len`
+    /// (a shared prompt prefix), layer by layer: afterwards the cache
+    /// continues at position `len` exactly as `src` would. False (the cache
+    /// is then unusable) when `src` does not hold them all any more (a
+    /// sliding-window ring that moved on) or the caches differ in shape.
+    pub fn copy_prefix_from(&mut self, src: &KvCache, len: usize) -> bool {
+        len <= self.capacity
+            && self.layers.len() == src.layers.len()
+            && self
+                .layers
+                .iter_mut()
+                .zip(&src.layers)
+                .all(|(dst, src)| dst.copy_prefix_from(src, len))
     }
 
     /// A file-backed cache: unmap layer `il`'s pages (they stay in the page

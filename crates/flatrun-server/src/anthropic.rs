@@ -19,11 +19,13 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
+use crate::config::ContextOverflow;
 use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
 use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
+use crate::overflow;
 use crate::request_body::{RawBody, parse_json};
 use crate::request_fields::{ExtraSampling, check_stop, compile, forced_call_grammar};
-use crate::state::{AppState, SamplingOverrides, random_id};
+use crate::state::{AppState, random_id};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
@@ -89,12 +91,6 @@ pub struct MessagesRequest {
     #[serde(default)]
     pub max_tokens: Option<u64>,
     #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
     pub stop_sequences: Option<Vec<String>>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -107,9 +103,8 @@ pub struct MessagesRequest {
     /// Accepted and ignored (`user_id`).
     #[serde(default)]
     pub metadata: Option<Value>,
-    /// Extensions shared with the OpenAI side (`seed`, penalties, …).
-    #[serde(default)]
-    pub seed: Option<u64>,
+    /// `temperature`, `top_p`, `top_k`, and extensions shared with the
+    /// OpenAI side (`seed`, penalties, …).
     #[serde(flatten)]
     pub extra: ExtraSampling,
 }
@@ -372,7 +367,8 @@ fn encode(
     engine: &dyn Engine,
     turns: &[ChatMessage],
     tools: &ToolSet,
-) -> Result<Vec<u32>, ApiError> {
+    overflow: (ContextOverflow, usize),
+) -> Result<overflow::ChatPrompt, ApiError> {
     if tools.active() && engine.tool_syntax().is_none() {
         return Err(ApiError::invalid(
             FLAVOR,
@@ -380,8 +376,9 @@ fn encode(
         ));
     }
     // A final assistant message is the start of the answer (prefill).
-    engine
-        .encode_chat_tools(turns, tools.template_value().as_ref(), true)
+    let (mode, room) = overflow;
+    let tools = tools.template_value();
+    overflow::chat_prompt(engine, mode, turns, tools.as_ref(), true, room)
         .map_err(|e| ApiError::from_engine(FLAVOR, e))
 }
 
@@ -424,7 +421,9 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     };
     let tools = tool_set(request.tools, request.tool_choice)?;
     let turns = chat_messages(request.system, request.messages)?;
-    let prompt = encode(engine.as_ref(), &turns, &tools)?;
+    let room = overflow::prompt_room(engine.context_length(), Some(max_tokens));
+    let overflow = (state.config.context_overflow, room);
+    let prompt = encode(engine.as_ref(), &turns, &tools, overflow)?;
     let syntax = engine.tool_syntax().filter(|_| tools.active());
     let forced = tools.forced();
     let constraint = match syntax {
@@ -434,26 +433,20 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         }
         _ => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop_sequences.unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop_sequences")?;
-    let input_tokens = prompt.len();
+    let input_tokens = prompt.tokens.len();
     let generation = state.submit_request(
         FLAVOR,
         engine.as_ref(),
         GenerationRequest {
-            prompt,
+            prompt: prompt.tokens,
+            keep: prompt.keep,
             sampling,
             stop,
             constraint,
+            cache_prompt,
             ..GenerationRequest::default()
         },
         Some(max_tokens),
@@ -513,7 +506,7 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": {"input_tokens": usage.prompt_tokens, "output_tokens": usage.completion_tokens},
+        "usage": usage.anthropic_json(),
     }))
     .into_response())
 }
@@ -526,8 +519,9 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
         state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
         let tools = tool_set(request.tools, request.tool_choice)?;
         let turns = chat_messages(request.system, request.messages)?;
-        let prompt = encode(engine.as_ref(), &turns, &tools)?;
-        Ok::<_, ApiError>(json!({"input_tokens": prompt.len()}))
+        let exact = (ContextOverflow::Error, usize::MAX);
+        let prompt = encode(engine.as_ref(), &turns, &tools, exact)?;
+        Ok::<_, ApiError>(json!({"input_tokens": prompt.tokens.len()}))
     })();
     match result {
         Ok(body) => Json(body).into_response(),
@@ -662,7 +656,7 @@ impl MessageStream {
             "message_delta",
             json!({"type": "message_delta",
                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                   "usage": {"output_tokens": usage.completion_tokens}}),
+                   "usage": usage.anthropic_json()}),
         ));
         self.queue
             .push_back(event("message_stop", json!({"type": "message_stop"})));

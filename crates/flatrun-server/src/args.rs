@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::config::ServerConfig;
+use crate::config::{ContextOverflow, ServerConfig};
 use crate::scheduler::SchedulerConfig;
 use flatrun_model::sampling::SamplingParams;
 
@@ -29,6 +29,16 @@ pub struct ServeArgs {
     /// Prompt tokens fed per sequence per step.
     #[arg(long, default_value_t = 256)]
     pub prefill_chunk: usize,
+    /// KV bytes of finished sequences kept so that later prompts sharing a
+    /// prefix reuse it (0: keep none).
+    #[arg(long, default_value = "512M", value_parser = parse_size)]
+    pub prompt_cache: usize,
+    /// A prompt plus `max_tokens` longer than the context: refuse it
+    /// (`error`), drop the oldest turns after the system prompt
+    /// (`truncate-middle`), or generate on past the end by dropping the
+    /// oldest tokens after the system prompt (`shift`).
+    #[arg(long, default_value = "error", value_parser = parse_overflow)]
+    pub context_overflow: ContextOverflow,
     /// Largest request body (bytes, or with a K/M/G suffix).
     #[arg(long, default_value = "4M", value_parser = parse_size)]
     pub max_body: usize,
@@ -86,6 +96,7 @@ impl ServeArgs {
             header_timeout: seconds(self.header_timeout),
             max_header_bytes: self.max_header,
             cors_origins: self.cors.clone(),
+            context_overflow: self.context_overflow,
         }
     }
 
@@ -95,8 +106,13 @@ impl ServeArgs {
             max_seqs: self.max_seqs,
             max_queue: self.max_queue,
             prefill_chunk: self.prefill_chunk,
+            prompt_cache_bytes: self.prompt_cache as u64,
         }
     }
+}
+
+fn parse_overflow(text: &str) -> Result<ContextOverflow, String> {
+    text.parse()
 }
 
 fn seconds(value: f64) -> Duration {
@@ -168,6 +184,10 @@ mod tests {
             "1M",
             "--shutdown-grace",
             "0.5",
+            "--prompt-cache",
+            "0",
+            "--context-overflow",
+            "shift",
         ]);
         let config = cli.serve.server_config(api_default_sampling());
         assert_eq!(config.host, "0.0.0.0");
@@ -176,5 +196,7 @@ mod tests {
         assert_eq!(config.max_body_bytes, 1 << 20);
         assert_eq!(config.shutdown_grace, Duration::from_millis(500));
         assert_eq!(cli.serve.scheduler_config().max_seqs, 8);
+        assert_eq!(cli.serve.scheduler_config().prompt_cache_bytes, 0);
+        assert_eq!(config.context_overflow, ContextOverflow::Shift);
     }
 }

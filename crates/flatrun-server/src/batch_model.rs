@@ -136,6 +136,31 @@ pub trait BatchModel: Send + 'static {
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError>;
     /// Releases a sequence and its KV cache.
     fn free(&mut self, seq: SeqId);
+    /// Whether [`BatchModel::fork`] can work at all (false for models whose
+    /// state cannot be cut at a prefix); the scheduler only looks for shared
+    /// prefixes when it can.
+    fn reuses_prefixes(&self) -> bool {
+        false
+    }
+    /// A new sequence of `positions` positions that starts with the first
+    /// `len` tokens of `source` and their KV cache (copied; `source` stays
+    /// as it is), so that feeding it the rest of a prompt gives what a fresh
+    /// sequence fed the whole prompt would. `None` when this model cannot
+    /// give that prefix (the scheduler then prefills the whole prompt).
+    fn fork(
+        &mut self,
+        source: SeqId,
+        len: usize,
+        positions: usize,
+    ) -> Option<Result<SeqId, ModelError>> {
+        let _ = (source, len, positions);
+        None
+    }
+    /// Bytes the KV cache of `seq` occupies (its written positions).
+    fn kv_bytes(&self, seq: SeqId) -> u64 {
+        let _ = seq;
+        0
+    }
     /// The final-normed hidden state of every position of `tokens` run as a
     /// fresh sequence (for embeddings); `None` when the model cannot.
     fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {

@@ -49,6 +49,43 @@ pub struct ServerConfig {
     /// Origins allowed to call the server from a browser (`--cors`); empty
     /// means no CORS headers at all, `*` allows any origin.
     pub cors_origins: Vec<String>,
+    /// What a request too long for the context gets (`--context-overflow`).
+    pub context_overflow: ContextOverflow,
+}
+
+/// What happens to a request whose prompt plus `max_tokens` does not fit
+/// the context (`--context-overflow`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ContextOverflow {
+    /// The API's error (OpenAI `context_length_exceeded`, Anthropic
+    /// `invalid_request_error`), before any work.
+    #[default]
+    Error,
+    /// Chat requests: drop the oldest messages after the system prompt
+    /// until the conversation fits (the newest turns are kept); a plain
+    /// completion prompt loses its oldest tokens.
+    TruncateMiddle,
+    /// Generate on past the end: when a sequence fills the context, the
+    /// oldest half of the tokens after the system prompt is dropped and
+    /// the rest is computed again at its new positions (as llama.cpp's
+    /// `--context-shift`, which rotates the cached keys instead). A prompt
+    /// longer than the context loses its oldest tokens after the system
+    /// prompt first.
+    Shift,
+}
+
+impl std::str::FromStr for ContextOverflow {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "error" => Ok(ContextOverflow::Error),
+            "truncate-middle" => Ok(ContextOverflow::TruncateMiddle),
+            "shift" => Ok(ContextOverflow::Shift),
+            other => Err(format!(
+                "`{other}` (expected error, truncate-middle or shift)"
+            )),
+        }
+    }
 }
 
 impl Default for ServerConfig {
@@ -68,6 +105,7 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(10),
             max_header_bytes: 64 * 1024,
             cors_origins: Vec::new(),
+            context_overflow: ContextOverflow::Error,
         }
     }
 }

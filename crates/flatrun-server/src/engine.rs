@@ -21,7 +21,7 @@ use flatrun_model::sampling::Vocabulary;
 use flatrun_model::sampling::{ConstraintFactory, FinishReason, SamplingParams, TokenLogprobs};
 
 /// One generation to run: an already tokenized prompt and its limits.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct GenerationRequest {
     pub prompt: Vec<u32>,
     /// The sampler's settings, used as they are (the HTTP handlers start
@@ -37,6 +37,33 @@ pub struct GenerationRequest {
     pub logprobs: Option<usize>,
     /// A grammar the tokens must follow (structured output, forced tool calls).
     pub constraint: Option<Arc<dyn ConstraintFactory>>,
+    /// Reuse the KV of a cached or running sequence sharing a prefix with
+    /// the prompt, and keep this one's for later requests
+    /// (llama-server's `cache_prompt`; on by default).
+    pub cache_prompt: bool,
+    /// Leading prompt tokens that overflow handling never drops (the
+    /// system prompt).
+    pub keep: usize,
+    /// Context shift (`--context-overflow shift`): when the sequence fills
+    /// the context, drop the oldest half of its tokens after the first
+    /// `keep` and go on; otherwise stop with [`FinishReason::Context`].
+    pub shift: bool,
+}
+
+impl Default for GenerationRequest {
+    fn default() -> Self {
+        GenerationRequest {
+            prompt: Vec::new(),
+            sampling: SamplingParams::default(),
+            max_tokens: 0,
+            stop: Vec::new(),
+            logprobs: None,
+            constraint: None,
+            cache_prompt: true,
+            keep: 0,
+            shift: false,
+        }
+    }
 }
 
 /// Where an embedding arrives ([`Engine::embed`]).
@@ -61,6 +88,49 @@ pub fn mean_pool_normalized(states: &[Vec<f32>]) -> Vec<f32> {
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
+    /// Prompt tokens whose KV was reused from an earlier sequence rather
+    /// than computed (included in `prompt_tokens`).
+    pub cached_tokens: usize,
+}
+
+impl Usage {
+    /// Adds one choice of a request to the request's usage (`total` starts
+    /// as `None`): the prompt counted once, every choice's completion
+    /// tokens, and as cached the least any choice reused (the prompt's KV
+    /// was computed once and the other choices copied it).
+    pub fn add_choice(total: &mut Option<Usage>, choice: Usage) {
+        *total = Some(match *total {
+            None => choice,
+            Some(t) => Usage {
+                prompt_tokens: choice.prompt_tokens,
+                completion_tokens: t.completion_tokens + choice.completion_tokens,
+                cached_tokens: t.cached_tokens.min(choice.cached_tokens),
+            },
+        });
+    }
+
+    /// OpenAI's `usage` object (`prompt_tokens_details.cached_tokens`: the
+    /// prompt tokens whose KV was reused).
+    pub fn openai_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        })
+    }
+
+    /// Anthropic's `usage` object: as Anthropic counts, `input_tokens` are
+    /// the prompt tokens computed and `cache_read_input_tokens` the reused
+    /// ones (together the whole prompt).
+    pub fn anthropic_json(self) -> serde_json::Value {
+        serde_json::json!({
+            "input_tokens": self.prompt_tokens - self.cached_tokens.min(self.prompt_tokens),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": self.cached_tokens,
+            "output_tokens": self.completion_tokens,
+        })
+    }
 }
 
 /// What a running generation reports, in order: any number of `Token`s, then
@@ -210,6 +280,18 @@ pub struct EngineStats {
     pub steps_total: u64,
     /// Recent generation throughput over all sequences, tokens per second.
     pub generated_tokens_per_second: f64,
+    /// Requests that reused a shared prefix's KV, and requests that looked.
+    pub prefix_hits_total: u64,
+    pub prefix_lookups_total: u64,
+    /// Prompt tokens not computed thanks to prefix reuse.
+    pub prefix_reused_tokens_total: u64,
+    /// Finished sequences kept for reuse, and their KV bytes.
+    pub prompt_cache_entries: usize,
+    pub prompt_cache_bytes: u64,
+    /// Cached sequences dropped to stay under the budget.
+    pub prompt_cache_evictions_total: u64,
+    /// KV bytes in use: running sequences plus the prompt cache.
+    pub kv_bytes: u64,
     /// Model bytes currently resident (weights in memory), if known.
     pub resident_bytes: Option<u64>,
     /// Total model weight bytes, if known.

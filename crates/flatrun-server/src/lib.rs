@@ -75,6 +75,8 @@ pub mod metrics;
 pub mod mock;
 pub mod openai;
 pub mod output;
+pub mod overflow;
+mod prefix_cache;
 pub mod request_body;
 pub mod request_fields;
 #[cfg(feature = "runtime")]

@@ -135,6 +135,52 @@ impl Metrics {
             "Requests waiting for a sequence slot.",
             &plain(stats.queued_requests.to_string()),
         );
+        for (name, kind, help, value) in [
+            (
+                "flatrun_prefix_cache_lookups_total",
+                "counter",
+                "Requests that looked for a shared prompt prefix to reuse.",
+                stats.prefix_lookups_total,
+            ),
+            (
+                "flatrun_prefix_cache_hits_total",
+                "counter",
+                "Requests that reused the KV of a shared prompt prefix.",
+                stats.prefix_hits_total,
+            ),
+            (
+                "flatrun_prefix_reused_tokens_total",
+                "counter",
+                "Prompt tokens whose KV was reused instead of computed.",
+                stats.prefix_reused_tokens_total,
+            ),
+            (
+                "flatrun_prompt_cache_sequences",
+                "gauge",
+                "Finished sequences kept for prefix reuse.",
+                stats.prompt_cache_entries as u64,
+            ),
+            (
+                "flatrun_prompt_cache_bytes",
+                "gauge",
+                "KV bytes of the sequences kept for prefix reuse.",
+                stats.prompt_cache_bytes,
+            ),
+            (
+                "flatrun_prompt_cache_evictions_total",
+                "counter",
+                "Kept sequences dropped to stay under --prompt-cache.",
+                stats.prompt_cache_evictions_total,
+            ),
+            (
+                "flatrun_kv_bytes",
+                "gauge",
+                "KV cache bytes in use: running sequences and the prompt cache.",
+                stats.kv_bytes,
+            ),
+        ] {
+            metric(name, kind, help, &plain(value.to_string()));
+        }
         if let (Some(resident), Some(total)) = (stats.resident_bytes, stats.model_bytes) {
             metric(
                 "flatrun_model_resident_bytes",

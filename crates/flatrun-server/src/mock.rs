@@ -62,6 +62,9 @@ pub struct MockConfig {
     pub repeat: bool,
     /// Sleep of each step (one pass through the "layers").
     pub step_delay: Duration,
+    /// Fork sequences at a prefix (prompt reuse; off by default, so that
+    /// finished sequences are freed at once).
+    pub prefix_reuse: bool,
 }
 
 impl Default for MockConfig {
@@ -72,6 +75,7 @@ impl Default for MockConfig {
             reply: "Hello from the Flatrun mock model.".to_string(),
             repeat: false,
             step_delay: Duration::ZERO,
+            prefix_reuse: false,
         }
     }
 }
@@ -87,6 +91,8 @@ pub struct MockStats {
     pub steps: AtomicU64,
     /// Largest batch seen in one step.
     pub max_batch: AtomicUsize,
+    /// Tokens fed to steps (prompt and generated), since start.
+    pub tokens_fed: AtomicU64,
 }
 
 /// The text side of the mock.
@@ -316,6 +322,9 @@ impl BatchModel for MockModel {
                 .get_mut(&input.seq)
                 .ok_or_else(|| ModelError(format!("unknown sequence {}", input.seq.0)))?;
             sequence.fed += input.tokens.len();
+            self.stats
+                .tokens_fed
+                .fetch_add(input.tokens.len() as u64, Ordering::SeqCst);
             // Like a KV cache sized at `new_sequence`: no room past it.
             let room = sequence.capacity.min(self.config.context_length);
             if sequence.fed > room {
@@ -339,6 +348,34 @@ impl BatchModel for MockModel {
         if self.sequences.remove(&seq).is_some() {
             self.stats.live_sequences.fetch_sub(1, Ordering::SeqCst);
         }
+    }
+
+    fn reuses_prefixes(&self) -> bool {
+        self.config.prefix_reuse
+    }
+
+    /// A sequence that has been fed `len` tokens: the mock's answer only
+    /// depends on the position, so this is exactly what feeding them gives.
+    fn fork(
+        &mut self,
+        source: SeqId,
+        len: usize,
+        positions: usize,
+    ) -> Option<Result<SeqId, ModelError>> {
+        if !self.config.prefix_reuse || self.sequences.get(&source)?.fed < len {
+            return None;
+        }
+        let id = SeqId(self.next_id);
+        let result = self.new_sequence(positions.max(len));
+        if let Some(sequence) = self.sequences.get_mut(&id) {
+            sequence.fed = len;
+        }
+        Some(result)
+    }
+
+    /// 64 bytes per position fed.
+    fn kv_bytes(&self, seq: SeqId) -> u64 {
+        self.sequences.get(&seq).map_or(0, |s| 64 * s.fed as u64)
     }
 
     fn residency(&self) -> Option<Residency> {

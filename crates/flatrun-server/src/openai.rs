@@ -22,11 +22,13 @@ use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
 use crate::grammar::GrammarSpec;
 use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
+use crate::overflow;
+use crate::prefix_cache::common_prefix;
 use crate::request_body::{RawBody, parse_json};
 use crate::request_fields::{
     ExtraSampling, check_stop, compile, forced_call_grammar, response_format_grammar,
 };
-use crate::state::{AppState, SamplingOverrides, random_id, unix_time};
+use crate::state::{AppState, random_id, unix_time};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
@@ -120,15 +122,6 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub max_completion_tokens: Option<u64>,
     #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    /// Extension (llama-server, vLLM).
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
-    pub seed: Option<u64>,
-    #[serde(default)]
     pub stop: Option<StopField>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -190,14 +183,6 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub max_tokens: Option<u64>,
     #[serde(default)]
-    pub temperature: Option<f32>,
-    #[serde(default)]
-    pub top_p: Option<f32>,
-    #[serde(default)]
-    pub top_k: Option<u64>,
-    #[serde(default)]
-    pub seed: Option<u64>,
-    #[serde(default)]
     pub stop: Option<StopField>,
     #[serde(default)]
     pub stream: Option<bool>,
@@ -232,11 +217,7 @@ fn finish_reason(reason: &FinishReason) -> &'static str {
 }
 
 fn usage_json(usage: Usage) -> Value {
-    json!({
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-    })
+    usage.openai_json()
 }
 
 fn check_n(n: Option<u64>) -> Result<usize, ApiError> {
@@ -621,15 +602,18 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
         ));
     }
     let messages = chat_messages(request.messages)?;
+    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
     // OpenAI's own API answers a final assistant message with a new turn;
     // `continue_final_message` (as vLLM) continues it instead.
-    let prompt = engine
-        .encode_chat_tools(
-            &messages,
-            tools.template_value().as_ref(),
-            request.continue_final_message.unwrap_or(false),
-        )
-        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+    let prompt = overflow::chat_prompt(
+        engine.as_ref(),
+        state.config.context_overflow,
+        &messages,
+        tools.template_value().as_ref(),
+        request.continue_final_message.unwrap_or(false),
+        overflow::prompt_room(engine.context_length(), max_tokens),
+    )
+    .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
     // The grammar: a forced call, else the response format, else the extensions.
     let forced = tools.forced();
     let forced_grammar = match (syntax, forced.is_empty()) {
@@ -659,24 +643,17 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
-    let max_tokens = request.max_completion_tokens.or(request.max_tokens);
     let generation = GenerationRequest {
-        prompt,
+        prompt: prompt.tokens,
+        keep: prompt.keep,
         sampling,
         stop,
         logprobs: top_logprobs,
         constraint,
+        cache_prompt,
         ..GenerationRequest::default()
     };
     let streams = submit_n(&state, engine.as_ref(), generation, max_tokens, n)?;
@@ -716,11 +693,10 @@ async fn respond(
 ) -> Result<Response, ApiError> {
     let results = futures::future::join_all(streams.into_iter().map(Collected::from_stream)).await;
     let mut choices = Vec::with_capacity(results.len());
-    let mut usage = Usage::default();
+    let mut usage = None;
     for (index, result) in results.into_iter().enumerate() {
         let collected = result.map_err(internal)?;
-        usage.prompt_tokens = collected.usage.prompt_tokens;
-        usage.completion_tokens += collected.usage.completion_tokens;
+        Usage::add_choice(&mut usage, collected.usage);
         choices.push(choice_json(engine, settings, index, &collected));
     }
     Ok(Json(json!({
@@ -729,7 +705,7 @@ async fn respond(
         "created": meta.created,
         "model": meta.model,
         "choices": choices,
-        "usage": usage_json(usage),
+        "usage": usage_json(usage.unwrap_or_default()),
     }))
     .into_response())
 }
@@ -868,21 +844,19 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let mut sampling = state.sampling(SamplingOverrides {
-        temperature: request.temperature,
-        top_p: request.top_p,
-        top_k: request.top_k.map(|k| k as usize),
-        seed: request.seed,
-    });
-    request
-        .extra
-        .apply(FLAVOR, engine.as_ref(), &mut sampling)?;
+    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     // OpenAI's legacy default is 16 tokens.
     let max_tokens = Some(request.max_tokens.unwrap_or(16));
+    // What overflow handling keeps: the BOS, where the model has one.
+    let keep = engine
+        .tokenize("", true)
+        .map_or(0, |bos| common_prefix(&bos, &prompt));
     let generation = GenerationRequest {
         prompt,
+        keep,
+        cache_prompt,
         sampling,
         stop,
         logprobs,
@@ -1195,19 +1169,18 @@ fn sse(
     // Every choice's chunks as they come; after the last choice ends, the
     // usage chunk (with `include_usage`) and `[DONE]`.
     let mut done = 0;
-    let mut total = Usage::default();
+    let mut total = None;
     let mut failed = false;
     let events = choices
         .map(move |item| match item {
             ChoiceItem::Choice(choice) => vec![envelope(vec![choice], None)],
             ChoiceItem::Done(usage) => {
                 done += 1;
-                total.prompt_tokens = usage.prompt_tokens;
-                total.completion_tokens += usage.completion_tokens;
+                Usage::add_choice(&mut total, usage);
                 let mut tail = Vec::new();
                 if done == n {
                     if include_usage {
-                        tail.push(envelope(Vec::new(), Some(total)));
+                        tail.push(envelope(Vec::new(), total));
                     }
                     tail.push("[DONE]".to_string());
                 }

@@ -11,16 +11,27 @@ use serde_json::{Value, json};
 use crate::api_error::{ApiError, ApiFlavor};
 use crate::engine::Engine;
 use crate::grammar::{Grammar, GrammarSpec};
+use crate::state::{AppState, SamplingOverrides};
 use crate::tool_defs::{ToolDef, arguments_schema};
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::sampling::{ConstraintFactory, SamplingParams};
 
-/// Sampling fields beyond temperature / top-p / top-k / seed. OpenAI names
-/// `frequency_penalty`, `presence_penalty` and `logit_bias`; `min_p`,
-/// `repeat_penalty`, `top_k` and `penalty_window` are llama-server / vLLM
-/// extensions.
+/// The sampling fields of every generation request of both APIs.
+/// `temperature`, `top_p` and `seed` are OpenAI's (Anthropic's without the
+/// seed), as are `frequency_penalty`, `presence_penalty` and `logit_bias`;
+/// `min_p`, `repeat_penalty`, `top_k` (Anthropic's own) and
+/// `penalty_window` are llama-server / vLLM extensions, and so is
+/// `cache_prompt`.
 #[derive(Debug, Default, Deserialize)]
 pub struct ExtraSampling {
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    #[serde(default)]
+    pub top_k: Option<u64>,
+    #[serde(default)]
+    pub seed: Option<u64>,
     #[serde(default)]
     pub min_p: Option<f32>,
     #[serde(default)]
@@ -35,9 +46,32 @@ pub struct ExtraSampling {
     pub penalty_window: Option<usize>,
     #[serde(default)]
     pub logit_bias: Option<HashMap<String, f32>>,
+    /// llama-server's `cache_prompt`: `false` neither reuses a cached
+    /// prefix nor keeps this request's KV for later ones.
+    #[serde(default)]
+    pub cache_prompt: Option<bool>,
 }
 
 impl ExtraSampling {
+    /// The request's sampling (the server's defaults under the request's
+    /// fields, checked) and whether it may reuse and keep a prompt cache.
+    pub fn resolve(
+        self,
+        flavor: ApiFlavor,
+        state: &AppState,
+        engine: &dyn Engine,
+    ) -> Result<(SamplingParams, bool), ApiError> {
+        let mut sampling = state.sampling(SamplingOverrides {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k.map(|k| k as usize),
+            seed: self.seed,
+        });
+        let cache_prompt = self.cache_prompt.unwrap_or(true);
+        self.apply(flavor, engine, &mut sampling)?;
+        Ok((sampling, cache_prompt))
+    }
+
     /// Checks the fields (OpenAI's ranges) and writes them into `params`.
     pub fn apply(
         self,

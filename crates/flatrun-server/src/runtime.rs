@@ -257,6 +257,33 @@ impl BatchModel for RuntimeBatchModel {
         self.sequences.remove(&seq);
     }
 
+    fn reuses_prefixes(&self) -> bool {
+        let cfg = self.model.config();
+        !(0..cfg.n_layer).any(|il| cfg.is_recurrent(il))
+    }
+
+    fn fork(
+        &mut self,
+        source: SeqId,
+        len: usize,
+        positions: usize,
+    ) -> Option<Result<SeqId, ModelError>> {
+        let sequence =
+            self.model
+                .executor()
+                .fork_sequence(self.sequences.get(&source)?, len, positions)?;
+        let id = SeqId(self.next_id);
+        self.next_id += 1;
+        self.sequences.insert(id, sequence);
+        Some(Ok(id))
+    }
+
+    fn kv_bytes(&self, seq: SeqId) -> u64 {
+        self.sequences
+            .get(&seq)
+            .map_or(0, |s| (s.kv_used_bytes() + s.recurrent_bytes()) as u64)
+    }
+
     /// One position at a time through a fresh sequence, keeping each
     /// position's final-normed hidden state.
     fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {

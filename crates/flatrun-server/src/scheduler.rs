@@ -31,6 +31,7 @@ use crate::engine::{
     EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
     GenerationSink, GenerationStream, Usage, generation_channel, mean_pool_normalized,
 };
+use crate::prefix_cache::{PrefixCache, common_prefix};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::sampling::Vocabulary;
@@ -48,7 +49,17 @@ pub struct SchedulerConfig {
     /// Prompt tokens fed per sequence per step, so that a long prompt does
     /// not stall the sequences already decoding.
     pub prefill_chunk: usize,
+    /// KV bytes of finished sequences kept for prefix reuse
+    /// (`--prompt-cache`; 0: none kept).
+    pub prompt_cache_bytes: u64,
 }
+
+/// The default `--prompt-cache`: 512 MiB of KV.
+pub const DEFAULT_PROMPT_CACHE_BYTES: u64 = 512 << 20;
+
+/// A request waits for a sequence still reading a prompt it shares when
+/// that would spare at least this many more tokens than reusing now.
+const MIN_WAIT_GAIN: usize = 16;
 
 impl Default for SchedulerConfig {
     fn default() -> Self {
@@ -56,6 +67,7 @@ impl Default for SchedulerConfig {
             max_seqs: 4,
             max_queue: 32,
             prefill_chunk: 256,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
         }
     }
 }
@@ -88,6 +100,15 @@ struct Shared {
     prompt_tokens_total: AtomicU64,
     generated_tokens_total: AtomicU64,
     steps_total: AtomicU64,
+    /// Requests that reused a cached or shared prefix, and the tokens reused.
+    prefix_hits: AtomicU64,
+    prefix_lookups: AtomicU64,
+    prefix_reused_tokens: AtomicU64,
+    prompt_cache_entries: AtomicUsize,
+    prompt_cache_bytes: AtomicU64,
+    prompt_cache_evictions: AtomicU64,
+    /// KV bytes of the running sequences.
+    active_kv_bytes: AtomicU64,
     /// f64 bits of the smoothed tokens/s.
     tokens_per_second_bits: AtomicU64,
     /// Milliseconds since `started` of the last step.
@@ -119,6 +140,7 @@ impl BatchEngine {
             max_seqs: config.max_seqs.max(1),
             max_queue: config.max_queue,
             prefill_chunk: config.prefill_chunk.max(1),
+            prompt_cache_bytes: config.prompt_cache_bytes,
         };
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
@@ -126,6 +148,7 @@ impl BatchEngine {
         let worker_text = text.clone();
         let worker_config = config.clone();
         let worker_shared = shared.clone();
+        let worker_config_budget = config.prompt_cache_bytes;
         let thread = std::thread::Builder::new()
             .name("flatrun-scheduler".to_string())
             .spawn(move || {
@@ -138,6 +161,7 @@ impl BatchEngine {
                     started,
                     waiting: VecDeque::new(),
                     active: Vec::new(),
+                    cache: PrefixCache::new(worker_config_budget),
                 };
                 worker.run(rx)
             })?;
@@ -278,6 +302,14 @@ impl Engine for BatchEngine {
             generated_tokens_total: s.generated_tokens_total.load(Ordering::Relaxed),
             steps_total: s.steps_total.load(Ordering::Relaxed),
             generated_tokens_per_second: tokens_per_second,
+            prefix_hits_total: s.prefix_hits.load(Ordering::Relaxed),
+            prefix_lookups_total: s.prefix_lookups.load(Ordering::Relaxed),
+            prefix_reused_tokens_total: s.prefix_reused_tokens.load(Ordering::Relaxed),
+            prompt_cache_entries: s.prompt_cache_entries.load(Ordering::Relaxed),
+            prompt_cache_bytes: s.prompt_cache_bytes.load(Ordering::Relaxed),
+            prompt_cache_evictions_total: s.prompt_cache_evictions.load(Ordering::Relaxed),
+            kv_bytes: s.active_kv_bytes.load(Ordering::Relaxed)
+                + s.prompt_cache_bytes.load(Ordering::Relaxed),
             resident_bytes: has_residency.then(|| s.resident_bytes.load(Ordering::Relaxed)),
             model_bytes: has_residency.then(|| s.model_bytes.load(Ordering::Relaxed)),
         }
@@ -337,7 +369,13 @@ fn validate(request: &GenerationRequest, context_length: usize) -> Result<(), En
             "top_p must be in (0, 1], got {top_p}"
         )));
     }
-    if request.prompt.len().saturating_add(request.max_tokens) > context_length {
+    let fits = if request.shift {
+        // Shifting makes room for the answer, not for the prompt.
+        request.prompt.len() < context_length
+    } else {
+        request.prompt.len().saturating_add(request.max_tokens) <= context_length
+    };
+    if !fits {
         return Err(EngineError::ContextOverflow {
             prompt_tokens: request.prompt.len(),
             max_tokens: request.max_tokens,
@@ -351,8 +389,26 @@ fn validate(request: &GenerationRequest, context_length: usize) -> Result<(), En
 struct Running<'t> {
     seq: SeqId,
     job: Job,
-    /// Prompt tokens already fed to the model.
+    /// The tokens the KV cache holds before the answer goes on: the prompt,
+    /// or after a context shift what was kept of prompt and answer.
+    feed: Vec<u32>,
+    /// Tokens of `feed` already fed to the model (or copied from a shared
+    /// prefix).
     prefilled: usize,
+    /// Generated tokens that are part of `feed` (after a shift).
+    generated_in_feed: usize,
+    /// Positions of the sequence's KV cache.
+    capacity: usize,
+    /// Prompt tokens whose KV came from a shared prefix instead.
+    cached: usize,
+    /// Generated tokens already fed back to the model.
+    fed_generated: usize,
+    /// Leading evaluated tokens computed only in steps of two rows or more
+    /// (the matrix-matrix kernels, as a prefill computes them): the part of
+    /// this sequence whose KV another sequence may reuse and go on exactly
+    /// as if it had computed it. A step of one row (a lone decode) takes
+    /// the matrix-vector kernels, which round differently.
+    exact: usize,
     /// The last sampled token, fed at the next step.
     last_token: u32,
     /// Tokens generated so far (the sampler's history).
@@ -372,7 +428,33 @@ impl Running<'_> {
         Usage {
             prompt_tokens: self.job.request.prompt.len(),
             completion_tokens: self.generated.len(),
+            cached_tokens: self.cached,
         }
+    }
+
+    /// Every token the sequence's KV cache holds, in order.
+    fn evaluated(&self) -> impl Iterator<Item = &u32> {
+        self.feed[..self.prefilled]
+            .iter()
+            .chain(&self.generated[self.generated_in_feed..self.fed_generated])
+    }
+
+    fn evaluated_len(&self) -> usize {
+        self.prefilled + self.fed_generated - self.generated_in_feed
+    }
+
+    /// The evaluated tokens another sequence may reuse.
+    fn reusable(&self) -> impl Iterator<Item = &u32> {
+        self.evaluated().take(self.exact)
+    }
+
+    fn prefilling(&self) -> bool {
+        self.prefilled < self.feed.len()
+    }
+
+    /// Positions taken once the last sampled token is fed.
+    fn positions(&self) -> usize {
+        self.feed.len() + self.generated.len() - self.generated_in_feed
     }
 
     /// Passes text through the stop strings: the text to send now, and the
@@ -400,6 +482,8 @@ impl Running<'_> {
 /// What to do with a sequence after a step.
 enum Next {
     Continue,
+    /// The context is full: drop old tokens and go on.
+    Shift,
     Finish(FinishReason),
     Fail(String),
     Gone,
@@ -414,6 +498,8 @@ struct Worker<'t, M: BatchModel> {
     started: Instant,
     waiting: VecDeque<Job>,
     active: Vec<Running<'t>>,
+    /// Finished sequences kept for prefix reuse.
+    cache: PrefixCache,
 }
 
 impl<'t, M: BatchModel> Worker<'t, M> {
@@ -499,6 +585,10 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             self.release_slot();
             self.model.free(running.seq);
         }
+        // A failed step may have left any cache half written.
+        for seq in self.cache.clear() {
+            self.model.free(seq);
+        }
         self.publish_counts();
     }
 
@@ -514,55 +604,210 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 let running = self.active.swap_remove(index);
                 tracing::debug!(seq = running.seq.0, "client gone: sequence freed");
                 self.release_slot();
-                self.model.free(running.seq);
+                self.retire(running);
             } else {
                 index += 1;
             }
         }
     }
 
+    /// Keeps a finished sequence's KV for prefix reuse, or frees it.
+    fn retire(&mut self, running: Running<'_>) {
+        if !self.cache.enabled()
+            || !running.job.request.cache_prompt
+            || !self.model.reuses_prefixes()
+        {
+            self.model.free(running.seq);
+            return;
+        }
+        let tokens: Vec<u32> = running.reusable().copied().collect();
+        let bytes = self.model.kv_bytes(running.seq);
+        for seq in self.cache.insert(running.seq, tokens, bytes) {
+            self.model.free(seq);
+        }
+        self.publish_cache();
+    }
+
+    /// The sequence (cached or running) whose KV holds the longest prefix
+    /// of `prompt`, and how many tokens of it can be reused: never the
+    /// prompt's last two tokens, which must run (two, so that they take the
+    /// matrix-matrix kernels a fresh prefill takes) to give the first logits.
+    fn shared_prefix(&self, prompt: &[u32]) -> Option<(SeqId, usize)> {
+        let running = self
+            .active
+            .iter()
+            .map(|r| (r.seq, common_prefix(r.reusable(), prompt)));
+        self.cache
+            .longest(prompt)
+            .into_iter()
+            .chain(running)
+            .map(|(seq, n)| (seq, n.min(prompt.len().saturating_sub(2))))
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(_, n)| n)
+    }
+
+    /// Whether `request` had better wait for a running sequence that is
+    /// still reading a prompt it shares (the `n` choices of one request,
+    /// concurrent requests with one system prompt): it then copies that
+    /// prompt's KV instead of computing it again.
+    fn should_wait(&self, request: &GenerationRequest) -> bool {
+        if !request.cache_prompt || !self.model.reuses_prefixes() {
+            return false;
+        }
+        let prompt = &request.prompt;
+        let last = prompt.len().saturating_sub(2);
+        let coming = self
+            .active
+            .iter()
+            .filter(|r| r.prefilling())
+            .map(|r| common_prefix(&r.job.request.prompt, prompt).min(last))
+            .max()
+            .unwrap_or(0);
+        let now = self.shared_prefix(prompt).map_or(0, |(_, n)| n);
+        coming >= now + MIN_WAIT_GAIN
+    }
+
     fn admit_waiting(&mut self) {
-        while self.active.len() < self.config.max_seqs {
-            let Some(job) = self.waiting.pop_front() else {
-                break;
-            };
-            // The sequence's KV cache only needs the prompt plus max_tokens.
-            let positions =
-                (job.request.prompt.len() + job.request.max_tokens).min(self.text.context_length());
-            let constraint = match job.request.constraint.as_ref().map(|f| f.start()) {
-                None => None,
-                Some(Ok(constraint)) => Some(constraint),
-                Some(Err(message)) => {
-                    job.sink.send(GenerationEvent::Failed { message });
-                    self.release_slot();
-                    continue;
-                }
-            };
-            match self.model.new_sequence(positions) {
-                Ok(seq) => {
-                    let sampler = Sampler::new(job.request.sampling.clone());
-                    let stop = StopMatcher::new(job.request.stop.iter().cloned());
-                    self.active.push(Running {
-                        seq,
-                        job,
-                        prefilled: 0,
-                        last_token: 0,
-                        generated: Vec::new(),
-                        sampler,
-                        constraint,
-                        decoder: Some(self.text.stream_decoder()),
-                        stop,
-                        held: String::new(),
-                    });
-                }
-                Err(e) => {
-                    job.sink.send(GenerationEvent::Failed {
-                        message: e.to_string(),
-                    });
-                    self.release_slot();
-                }
+        let mut index = 0;
+        while self.active.len() < self.config.max_seqs && index < self.waiting.len() {
+            if self.should_wait(&self.waiting[index].request) {
+                index += 1;
+                continue;
+            }
+            if let Some(job) = self.waiting.remove(index) {
+                self.start(job);
             }
         }
+        self.publish_cache();
+    }
+
+    /// Opens a sequence for `job`: a fork of the longest shared prefix when
+    /// there is one, else an empty sequence.
+    fn start(&mut self, job: Job) {
+        // The sequence's KV cache only needs the prompt plus max_tokens.
+        let positions =
+            (job.request.prompt.len() + job.request.max_tokens).min(self.text.context_length());
+        let constraint = match job.request.constraint.as_ref().map(|f| f.start()) {
+            None => None,
+            Some(Ok(constraint)) => Some(constraint),
+            Some(Err(message)) => {
+                job.sink.send(GenerationEvent::Failed { message });
+                self.release_slot();
+                return;
+            }
+        };
+        let reuse = job.request.cache_prompt && self.model.reuses_prefixes();
+        let shared = if reuse {
+            self.shared.prefix_lookups.fetch_add(1, Ordering::Relaxed);
+            self.shared_prefix(&job.request.prompt)
+        } else {
+            None
+        };
+        let forked =
+            shared.and_then(
+                |(source, len)| match self.model.fork(source, len, positions)? {
+                    Ok(seq) => Some((seq, len, source)),
+                    Err(e) => {
+                        tracing::warn!("prefix reuse failed: {e}");
+                        None
+                    }
+                },
+            );
+        let opened = match forked {
+            Some((seq, len, source)) => {
+                self.cache.touch(source);
+                self.shared.prefix_hits.fetch_add(1, Ordering::Relaxed);
+                self.shared
+                    .prefix_reused_tokens
+                    .fetch_add(len as u64, Ordering::Relaxed);
+                Ok((seq, len))
+            }
+            None => self.model.new_sequence(positions).map(|seq| (seq, 0)),
+        };
+        match opened {
+            Ok((seq, cached)) => {
+                let sampler = Sampler::new(job.request.sampling.clone());
+                let stop = StopMatcher::new(job.request.stop.iter().cloned());
+                self.active.push(Running {
+                    seq,
+                    feed: job.request.prompt.clone(),
+                    job,
+                    generated_in_feed: 0,
+                    capacity: positions,
+                    prefilled: cached,
+                    cached,
+                    exact: cached,
+                    fed_generated: 0,
+                    last_token: 0,
+                    generated: Vec::new(),
+                    sampler,
+                    constraint,
+                    decoder: Some(self.text.stream_decoder()),
+                    stop,
+                    held: String::new(),
+                });
+            }
+            Err(e) => {
+                job.sink.send(GenerationEvent::Failed {
+                    message: e.to_string(),
+                });
+                self.release_slot();
+            }
+        }
+    }
+
+    /// Context shift of the sequence at `index`, whose cache is full: keep
+    /// the first `keep` tokens (the system prompt) and the newer half of the
+    /// rest, prompt and answer alike. The kept prefix's KV is copied, the
+    /// newer tokens are fed again at their new positions (the following
+    /// steps read them like a prompt, then the answer goes on).
+    fn shift(&mut self, index: usize) -> Result<(), ModelError> {
+        let running = &self.active[index];
+        let all: Vec<u32> = running.feed[..running.prefilled]
+            .iter()
+            .chain(&running.generated[running.generated_in_feed..])
+            .copied()
+            .collect();
+        let keep = running.job.request.keep.min(all.len() / 2);
+        let dropped = (all.len() - keep) / 2;
+        let kept: Vec<u32> = all[..keep]
+            .iter()
+            .chain(&all[keep + dropped..])
+            .copied()
+            .collect();
+        let (capacity, old) = (running.capacity, running.seq);
+        let forked = if keep > 0 && self.model.reuses_prefixes() {
+            self.model.fork(old, keep, capacity).and_then(Result::ok)
+        } else {
+            None
+        };
+        let (seq, prefilled) = match forked {
+            Some(seq) => (seq, keep),
+            None => (self.model.new_sequence(capacity)?, 0),
+        };
+        self.model.free(old);
+        tracing::debug!(seq = seq.0, keep, dropped, "context shift");
+        let running = &mut self.active[index];
+        running.seq = seq;
+        running.feed = kept;
+        running.prefilled = prefilled;
+        running.exact = running.exact.min(prefilled);
+        running.generated_in_feed = running.generated.len();
+        running.fed_generated = running.generated.len();
+        Ok(())
+    }
+
+    /// The prefix cache's and the running sequences' figures, for `/metrics`.
+    fn publish_cache(&self) {
+        let s = &self.shared;
+        s.prompt_cache_entries
+            .store(self.cache.len(), Ordering::Relaxed);
+        s.prompt_cache_bytes
+            .store(self.cache.bytes(), Ordering::Relaxed);
+        s.prompt_cache_evictions
+            .store(self.cache.evictions(), Ordering::Relaxed);
+        let active: u64 = self.active.iter().map(|r| self.model.kv_bytes(r.seq)).sum();
+        s.active_kv_bytes.store(active, Ordering::Relaxed);
     }
 
     fn step(&mut self) {
@@ -576,12 +821,13 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             .filter_map(|(i, running)| running.constraint.take().map(|c| (i, c)))
             .collect();
         // The batch: a prompt chunk or the last sampled token per sequence.
+        let rows: usize;
         let result = {
             let inputs: Vec<StepInput<'_>> = self
                 .active
                 .iter()
                 .map(|running| {
-                    let prompt = &running.job.request.prompt;
+                    let prompt = &running.feed;
                     if running.prefilled < prompt.len() {
                         let end = (running.prefilled + chunk).min(prompt.len());
                         StepInput {
@@ -598,6 +844,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                     }
                 })
                 .collect();
+            rows = inputs.iter().map(|input| input.tokens.len()).sum::<usize>();
             let model = &mut self.model;
             // The grammar masks of the next tokens are computed on other
             // threads while the layers run.
@@ -649,7 +896,19 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         let mut sampled = 0u64;
         let mut outcomes = Vec::with_capacity(self.active.len());
         for (running, mut row) in self.active.iter_mut().zip(logits) {
-            let prompt_len = running.job.request.prompt.len();
+            let prompt_len = running.feed.len();
+            let fed_now = if running.prefilling() {
+                (running.prefilled + chunk).min(prompt_len) - running.prefilled
+            } else {
+                1
+            };
+            if rows >= 2 && running.exact == running.evaluated_len() {
+                running.exact += fed_now;
+            }
+            if !running.prefilling() {
+                // This step fed the last sampled token.
+                running.fed_generated = running.generated.len();
+            }
             if running.prefilled < prompt_len {
                 let end = (running.prefilled + chunk).min(prompt_len);
                 self.shared
@@ -694,16 +953,27 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         for (index, next) in outcomes.into_iter().enumerate().rev() {
             let event = match next {
                 Next::Continue => continue,
+                Next::Shift => match self.shift(index) {
+                    Ok(()) => continue,
+                    Err(e) => Some(GenerationEvent::Failed {
+                        message: e.to_string(),
+                    }),
+                },
                 Next::Finish(reason) => Some(finish_event(&mut self.active[index], reason)),
                 Next::Fail(message) => Some(GenerationEvent::Failed { message }),
                 Next::Gone => None,
             };
             let running = self.active.swap_remove(index);
+            let failed = matches!(event, Some(GenerationEvent::Failed { .. }));
             if let Some(event) = event {
                 running.job.sink.send(event);
             }
             self.release_slot();
-            self.model.free(running.seq);
+            if failed {
+                self.model.free(running.seq);
+            } else {
+                self.retire(running);
+            }
         }
         if let Some(residency) = self.model.residency() {
             self.shared
@@ -774,8 +1044,12 @@ fn advance(
     if generated >= request.max_tokens {
         return Next::Finish(FinishReason::Length);
     }
-    if request.prompt.len() + generated >= text.context_length() {
-        return Next::Finish(FinishReason::Context);
+    if running.positions() >= running.capacity {
+        return if request.shift {
+            Next::Shift
+        } else {
+            Next::Finish(FinishReason::Context)
+        };
     }
     Next::Continue
 }

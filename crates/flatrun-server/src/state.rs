@@ -121,8 +121,10 @@ impl AppState {
         mut request: GenerationRequest,
         max_tokens: Option<u64>,
     ) -> Result<GenerationStream, ApiError> {
-        let prompt = &request.prompt;
         let context = engine.context_length();
+        let mode = self.config.context_overflow;
+        crate::overflow::fit_prompt(&mut request, mode, context, max_tokens);
+        let prompt = &request.prompt;
         let overflow = |max_tokens: u64| {
             ApiError::invalid(
                 flavor,
@@ -147,7 +149,9 @@ impl AppState {
         }
         let max_tokens = match max_tokens {
             Some(0) => return Err(ApiError::invalid(flavor, "max_tokens must be at least 1")),
-            Some(n) if (prompt.len() as u64).saturating_add(n) > context as u64 => {
+            Some(n)
+                if !request.shift && (prompt.len() as u64).saturating_add(n) > context as u64 =>
+            {
                 return Err(overflow(n));
             }
             Some(n) => n as usize,

@@ -6,8 +6,11 @@
 //!
 //! Needs `$FLATRUN_MODELS/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf` and the
 //! venv of `scripts/setup-test-env.sh` (`$FLATRUN_PYTHON`); skipped without
-//! them unless FLATRUN_REQUIRE_MODELS=1. Outside the default run (it takes
-//! minutes): `cargo test --release -p flatrun-server --test agents_sdk -- --ignored`.
+//! them unless FLATRUN_REQUIRE_MODELS=1. The default (release) run takes
+//! the tool loops of both APIs, streamed and not, and the logprobs against
+//! llama.cpp's (a couple of minutes); the whole suite, with its 50-try
+//! checks, is on demand (about 20 minutes on a busy 2-core machine):
+//! `cargo test --release -p flatrun-server --test agents_sdk -- --ignored`.
 
 #![cfg(feature = "runtime")]
 
@@ -43,8 +46,21 @@ fn python() -> PathBuf {
 }
 
 #[test]
-#[ignore = "about 8 minutes (50-try checks on a real model): run on demand with --ignored"]
+#[ignore = "about 20 minutes (50-try checks on a real model): run on demand with --ignored"]
 fn official_sdks_drive_agents_on_qwen() {
+    run_agent_tests(&[]);
+}
+
+/// The part of the suite in every (release) run: tool loops and logprobs.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "real model: run in release")]
+fn official_sdks_tool_loops_on_qwen() {
+    run_agent_tests(&["test_tool_loop", "test_completion_logprobs_match_llama_cpp"]);
+}
+
+/// Runs `tests/sdk/test_agents.py` (only the tests whose names contain one
+/// of `only`, when given) against the server on the real model.
+fn run_agent_tests(only: &[&'static str]) {
     let Some(dir) = std::env::var_os("FLATRUN_MODELS") else {
         return skip(format!(
             "FLATRUN_MODELS is not set (it should hold {MODEL})"
@@ -92,10 +108,12 @@ fn official_sdks_drive_agents_on_qwen() {
         let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let script = manifest.join("tests/sdk/test_agents.py");
         let golden = manifest.join("tests/data/logprobs_qwen05b.json");
+        let only = only.to_vec();
         let output = tokio::task::spawn_blocking(move || {
             Command::new(&python)
                 .arg(&script)
                 .arg("-v")
+                .args(only.iter().flat_map(|pattern| ["-k", pattern]))
                 .env("FLATRUN_BASE_URL", format!("http://{addr}"))
                 .env("FLATRUN_SDK_MODEL", MODEL.trim_end_matches(".gguf"))
                 .env("FLATRUN_LOGPROB_GOLDEN", golden)

@@ -259,3 +259,48 @@ fn http_endpoints_over_the_runtime() {
         serving.await.expect("server task").expect("server");
     });
 }
+
+/// The second turn of a conversation through an engine that reuses the
+/// first turn's KV and through one that reuses nothing: the same greedy
+/// answer, with most of the prompt reported as cached.
+#[test]
+fn prefix_reuse_gives_the_same_greedy_answers() {
+    let Some(path) = smollm2() else { return };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let questions = [
+        QUESTION,
+        "And what is the capital of Italy?",
+        "Which of the two cities is older?",
+    ];
+    let mut answers: Vec<Vec<(String, usize)>> = Vec::new();
+    for budget in [flatrun_server::scheduler::DEFAULT_PROMPT_CACHE_BYTES, 0] {
+        let scheduler = SchedulerConfig {
+            prompt_cache_bytes: budget,
+            ..SchedulerConfig::default()
+        };
+        let engine = flatrun_server::runtime::engine(load(&path), scheduler).expect("engine");
+        let mut chat = vec![ChatMessage::new("system", "You are a helpful assistant.")];
+        let mut turns = Vec::new();
+        for question in questions {
+            chat.push(ChatMessage::new("user", question));
+            let prompt = engine.encode_chat(&chat).expect("encode");
+            let stream = engine.submit(greedy(prompt.clone())).expect("submit");
+            let (text, _, usage) = runtime.block_on(stream.collect_text()).expect("generation");
+            chat.push(ChatMessage::new("assistant", text.clone()));
+            turns.push((text, usage.cached_tokens));
+        }
+        engine.shutdown();
+        answers.push(turns);
+    }
+    let (reused, fresh) = (&answers[0], &answers[1]);
+    for (turn, ((a, cached), (b, none))) in reused.iter().zip(fresh).enumerate() {
+        assert_eq!(a, b, "turn {turn}");
+        assert_eq!(*none, 0);
+        if turn > 0 {
+            assert!(*cached > 20, "turn {turn}: {cached} cached tokens");
+        }
+    }
+}

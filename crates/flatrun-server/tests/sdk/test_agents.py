@@ -57,6 +57,10 @@ ANTHROPIC_TOOLS = [{
     "input_schema": WEATHER_SCHEMA,
 }]
 QUESTION = "What is the weather like in Paris right now? Use the get_weather tool."
+# After the tool result the 0.5B model (llama.cpp's greedy output on the same
+# prompt is the same) writes the call again as bare JSON instead of answering,
+# so the loop's last turn asks about the result, as an agent's user would.
+FOLLOW_UP = "What temperature did the tool report? Answer in words."
 RESULT = json.dumps({"city": "Paris", "temperature": 21, "unit": "celsius", "condition": "sunny"})
 
 
@@ -114,6 +118,7 @@ class OpenAITools(unittest.TestCase):
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]},
             {"role": "tool", "tool_call_id": call_id, "content": RESULT},
+            {"role": "user", "content": FOLLOW_UP},
         ]
 
     def final_answer(self, messages, stream):
@@ -343,7 +348,8 @@ class AnthropicTools(unittest.TestCase):
         self.assertIn("paris", use.input["city"].lower())
         messages += [
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": RESULT},
+                                         {"type": "text", "text": FOLLOW_UP}]},
         ]
         second = self.turn(messages, stream)
         self.assertEqual(second.stop_reason, "end_turn")
