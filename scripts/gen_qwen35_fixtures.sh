@@ -17,16 +17,20 @@
 #
 # Usage: ORACLE=/path/to/oracle scripts/gen_qwen35_fixtures.sh
 # (a development tool: the oracle is not available in CI; the fixtures are committed).
+# GENERATOR, FIXTURES (a directory under tests/fixtures) and FILES select
+# other synthetic sets (scripts/gen_moe_fixtures.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${FLATRUN_PYTHON:-$HOME/.cache/flatrun/venv/bin/python}"
 ORACLE="${ORACLE:?set ORACLE to the reference oracle CLI}"
 SYN="${FLATRUN_SYNTHETIC:-$HOME/.cache/flatrun/synthetic}"
-OUT="$ROOT/crates/flatrun-runtime/tests/fixtures/qwen35"
+GENERATOR="${GENERATOR:-gen_synthetic_qwen35.py}"
+OUT="$ROOT/crates/flatrun-runtime/tests/fixtures/${FIXTURES:-qwen35}"
+read -r -a FILES <<< "${FILES:-qwen35-synth-f16 qwen35-synth-q8_0}"
 mkdir -p "$OUT"
 
 if [ "${SKIP_GENERATE:-0}" != 1 ]; then
-  "$PY" "$ROOT/scripts/gen_synthetic_qwen35.py" --out "$SYN"
+  "$PY" "$ROOT/scripts/$GENERATOR" --out "$SYN"
 fi
 
 PROMPTS=(
@@ -37,7 +41,7 @@ PROMPTS=(
 GREEDY_PROMPT="Once upon a time, in a small village by the sea, there lived"
 GREEDY_N=24
 
-for f in qwen35-synth-f16 qwen35-synth-q8_0; do
+for f in "${FILES[@]}"; do
   model="$SYN/$f.gguf"
   tmp="$(mktemp -d)"
   for i in "${!PROMPTS[@]}"; do
@@ -48,9 +52,10 @@ for f in qwen35-synth-f16 qwen35-synth-q8_0; do
   "$ORACLE" generate "$model" --prompt "$GREEDY_PROMPT" --n "$GREEDY_N" > "$tmp/greedy.json" 2>/dev/null
   all_ids="$("$PY" -c 'import json,sys; g=json.load(open(sys.argv[1])); print(",".join(map(str, g["prompt_tokens"] + g["tokens"])))' "$tmp/greedy.json")"
   "$ORACLE" logits "$model" --tokens "$all_ids" --top 2 > "$tmp/greedy_top2.json" 2>/dev/null
-  "$PY" - "$model" "$OUT/$f.logits.json" "$tmp" "${#PROMPTS[@]}" "$GREEDY_N" <<'PYEOF'
+  "$PY" - "$model" "$OUT/$f.logits.json" "$tmp" "${#PROMPTS[@]}" "$GREEDY_N" "$GENERATOR" "${FIXTURE_SCRIPT:-$(basename "$0")}" <<'PYEOF'
 import hashlib, json, sys
 model, out, tmp, n, greedy_n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+generator, script = sys.argv[6], sys.argv[7]
 cases = []
 for i in range(n):
     prompt = open(f"{tmp}/prompt{i}.txt").read()
@@ -68,8 +73,8 @@ name = model.rsplit("/", 1)[-1]
 doc = {
     "file": name,
     "sha256": hashlib.sha256(open(model, "rb").read()).hexdigest(),
-    "generator": "scripts/gen_synthetic_qwen35.py",
-    "command": "scripts/gen_qwen35_fixtures.sh: oracle logits " + name + " --prompt <prompt> --top 10; oracle generate "
+    "generator": "scripts/" + generator,
+    "command": "scripts/" + script + ": oracle logits " + name + " --prompt <prompt> --top 10; oracle generate "
                + name + f" --prompt <greedy prompt> --n {greedy_n} (llama-cpp-python 0.3.36 vendored llama.cpp)",
     "teacher_forced": cases,
     "greedy": {"prompt": open(f"{tmp}/greedy_prompt.txt").read(), "prompt_tokens": g["prompt_tokens"], "tokens": g["tokens"],

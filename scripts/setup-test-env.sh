@@ -78,6 +78,14 @@ if [ ! -f "$synthetic/qwen35-synth-f16.gguf" ] || [ ! -f "$synthetic/qwen35-synt
   "$venv/bin/python" "$here/scripts/gen_synthetic_qwen35.py" --out "$synthetic" --vocab "$vocab" >&2
 fi
 
+# Synthetic mixture-of-experts checkpoints (crates/flatrun-runtime/tests/moe.rs,
+# which also regenerates them when missing or stale; sha256-checked there).
+if ! ls "$synthetic"/qwen35moe-synth-q8_0.gguf >/dev/null 2>&1; then
+  echo "setup: writing the synthetic MoE checkpoints into $synthetic" >&2
+  "$venv/bin/python" "$here/scripts/gen_synthetic_moe.py" --out "$synthetic" --vocab "$vocab" >&2
+fi
+# The upcycled MoE (tests/upcycled_moe.rs) is written by that test on first use.
+
 # Hugging Face SafeTensors directories made from the real GGUFs
 # (crates/flatrun-runtime/tests/hf_parity.rs; the generator skips up-to-date ones).
 hf_ckpt=${FLATRUN_HF_CKPT:-$cache/hf-ckpt}

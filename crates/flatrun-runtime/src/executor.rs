@@ -786,9 +786,14 @@ impl StreamingExecutor {
             // A chunked layer's matmuls acquire, use and release one chunk
             // of rows at a time.
             let chunked = match layout {
-                LayerLayout::Chunked { matrices, .. } if dense.is_none() => Some(
-                    ChunkedKernels::new(self.kernels.as_ref(), &self.engine, matrices),
-                ),
+                LayerLayout::Chunked {
+                    matrices, experts, ..
+                } if dense.is_none() => Some(ChunkedKernels::new(
+                    self.kernels.as_ref(),
+                    &self.engine,
+                    matrices,
+                    experts,
+                )),
                 _ => None,
             };
             let kernels: &dyn Kernels = match &chunked {
@@ -815,6 +820,7 @@ impl StreamingExecutor {
             if let Some(k) = &chunked {
                 // The matmuls' waits for their chunks are this layer's I/O wait.
                 self.profiler.record_io_wait(il, k.io_wait());
+                self.profiler.record_expert_bytes(il, k.expert_bytes());
             }
             // Release: a streamed layer's buffers go back for the next reads.
             drop(matrices);

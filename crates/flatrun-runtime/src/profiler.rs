@@ -32,6 +32,9 @@ pub struct LayerTimes {
     pub ops: BTreeMap<&'static str, Duration>,
     /// Bytes of mapped weights acquired (faulted in) for this layer.
     pub bytes_acquired: u64,
+    /// Bytes of routed experts' rows read on demand for this layer
+    /// (streamed mixture-of-experts layers).
+    pub expert_bytes_read: u64,
 }
 
 /// RSS after one layer step.
@@ -128,6 +131,14 @@ impl Profiler {
     pub fn record_bytes_acquired(&mut self, layer: usize, bytes: u64) {
         if let Some(l) = self.layers.get_mut(layer) {
             l.bytes_acquired += bytes;
+        }
+    }
+
+    /// Bytes of routed experts' rows read for layer `layer` (counted even
+    /// when timings are off).
+    pub fn record_expert_bytes(&mut self, layer: usize, bytes: u64) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.expert_bytes_read += bytes;
         }
     }
 

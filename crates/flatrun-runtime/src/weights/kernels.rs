@@ -1,7 +1,8 @@
-//! Running a chunked layer's matrices chunk by chunk.
+//! Running a chunked layer's matrices chunk by chunk, and its routed
+//! experts' rows as they are chosen.
 
 use super::WeightEngine;
-use super::plan::{ChunkedMatrix, rows_from};
+use super::plan::{ChunkedMatrix, ExpertMatrix, rows_from};
 use flatrun_kernels::{KernelError, Kernels, Weight};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -17,8 +18,13 @@ pub(crate) struct ChunkedKernels<'a> {
     pub inner: &'a dyn Kernels,
     pub engine: &'a WeightEngine,
     pub matrices: &'a [ChunkedMatrix],
+    /// Stacked expert matrices: a matmul over some of their rows (one
+    /// routed expert) reads just those rows.
+    pub experts: &'a [ExpertMatrix],
     /// Time spent waiting for chunks.
     io_wait_ns: AtomicU64,
+    /// Bytes of expert rows read.
+    expert_bytes: AtomicU64,
     /// One chunk's output for multi-token steps, scattered into the full output.
     part: Mutex<Vec<f32>>,
 }
@@ -28,12 +34,15 @@ impl<'a> ChunkedKernels<'a> {
         inner: &'a dyn Kernels,
         engine: &'a WeightEngine,
         matrices: &'a [ChunkedMatrix],
+        experts: &'a [ExpertMatrix],
     ) -> ChunkedKernels<'a> {
         ChunkedKernels {
             inner,
             engine,
             matrices,
+            experts,
             io_wait_ns: AtomicU64::new(0),
+            expert_bytes: AtomicU64::new(0),
             part: Mutex::new(Vec::new()),
         }
     }
@@ -41,6 +50,40 @@ impl<'a> ChunkedKernels<'a> {
     /// Time the matmuls waited for their chunks.
     pub(crate) fn io_wait(&self) -> Duration {
         Duration::from_nanos(self.io_wait_ns.load(Ordering::Relaxed))
+    }
+
+    /// Bytes of routed experts' rows the matmuls read.
+    pub(crate) fn expert_bytes(&self) -> u64 {
+        self.expert_bytes.load(Ordering::Relaxed)
+    }
+
+    /// `out = x·wᵀ` where `w` is some rows of a stacked expert matrix: read
+    /// those rows (and nothing else of the stack), then multiply.
+    fn expert_matmul(
+        &self,
+        e: &ExpertMatrix,
+        rows: Range<usize>,
+        w: &Weight,
+        x: &[f32],
+        n_tokens: usize,
+        out: &mut [f32],
+    ) -> Result<(), KernelError> {
+        let spans = e.spans(rows.clone());
+        let t_io = Instant::now();
+        let read = self
+            .engine
+            .read_now(&spans)
+            .map_err(|err| KernelError::Unavailable { what: err.0 })?;
+        self.io_wait_ns
+            .fetch_add(t_io.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.expert_bytes
+            .fetch_add(spans.iter().map(|s| s.len).sum(), Ordering::Relaxed);
+        let rows_w =
+            e.rows_from(w, rows.clone(), &read)
+                .ok_or_else(|| KernelError::Unavailable {
+                    what: format!("expert rows {rows:?} are not in their read"),
+                })?;
+        self.inner.matmul(&rows_w, x, n_tokens, out)
     }
 
     /// `out[t, rows] = x[t] · chunkᵀ` for the `n` tokens of `x`, where `out`
@@ -85,6 +128,13 @@ impl Kernels for ChunkedKernels<'_> {
         n_tokens: usize,
         out: &mut [f32],
     ) -> Result<(), KernelError> {
+        if let Some((e, rows)) = self
+            .experts
+            .iter()
+            .find_map(|e| e.rows_of(w).map(|rows| (e, rows)))
+        {
+            return self.expert_matmul(e, rows, w, x, n_tokens, out);
+        }
         let Some(m) = self
             .matrices
             .iter()

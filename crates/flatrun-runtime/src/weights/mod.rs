@@ -168,6 +168,31 @@ struct Fetched {
     error: Option<String>,
 }
 
+impl Fetched {
+    /// The bytes of `file[offset .. offset + len]`, if they were read.
+    fn bytes(&self, file: usize, offset: u64, len: u64) -> Option<&[u8]> {
+        let (span, at) = self
+            .placed
+            .iter()
+            .find(|(s, _)| s.holds(file, offset, len))?;
+        let start = at + (offset - span.offset) as usize;
+        self.buffer.as_slice().get(start..start + len as usize)
+    }
+}
+
+/// Bytes read on demand, outside the schedule (a routed expert's rows): its
+/// own buffer, freed when dropped.
+pub(crate) struct OnDemand {
+    fetched: Fetched,
+}
+
+impl OnDemand {
+    /// The bytes of `file[offset .. offset + len]`, if the read holds them.
+    pub(crate) fn bytes(&self, file: usize, offset: u64, len: u64) -> Option<&[u8]> {
+        self.fetched.bytes(file, offset, len)
+    }
+}
+
 /// The files of a checkpoint, opened lazily for reads.
 struct Files {
     paths: Vec<PathBuf>,
@@ -252,10 +277,7 @@ pub(crate) struct Lease {
 impl Lease {
     /// The bytes of `file[offset .. offset + len]`, if the item holds them.
     pub(crate) fn bytes(&self, file: usize, offset: u64, len: u64) -> Option<&[u8]> {
-        let f = self.fetched.as_ref()?;
-        let (span, at) = f.placed.iter().find(|(s, _)| s.holds(file, offset, len))?;
-        let start = at + (offset - span.offset) as usize;
-        f.buffer.as_slice().get(start..start + len as usize)
+        self.fetched.as_ref()?.bytes(file, offset, len)
     }
 }
 
@@ -381,6 +403,19 @@ impl WeightEngine {
     /// Whether kept item `k` has been faulted in.
     pub(crate) fn is_warm(&self, k: usize) -> bool {
         self.shared.lock().warmth.get(k) == Some(&Warmth::Warm)
+    }
+
+    /// Read `spans` now, outside the schedule, into a buffer of their own
+    /// (the rows of the experts a router chose: known only once it ran).
+    pub(crate) fn read_now(&self, spans: &[Span]) -> Result<OnDemand, FetchError> {
+        let buffer = AlignedBuffer::new(buffer_bytes(spans))
+            .ok_or_else(|| FetchError("cannot allocate a read buffer".into()))?;
+        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let fetched = files.read(spans, buffer);
+        match fetched.error.clone() {
+            Some(e) => Err(FetchError(e)),
+            None => Ok(OnDemand { fetched }),
+        }
     }
 
     /// Take streamed item `item`: wait while the thread reads it (or an item

@@ -4,7 +4,7 @@
 //! | mode | layers | output head | streamed reads |
 //! |---|---|---|---|
 //! | `resident` | kept | kept | — |
-//! | `stream` | row chunks of ≤ `stream_chunk_bytes` per matrix, vectors per use | row chunks | through the page cache |
+//! | `stream` | row chunks of ≤ `stream_chunk_bytes` per matrix, vectors per use; routed experts' rows read on demand | row chunks | through the page cache |
 //! | `cap=SIZE`, custom | kept, or streamed whole | kept, or its first rows kept and the rest in chunks | through or around the page cache ([`crate::StreamReads`]) |
 
 use super::{COALESCE_GAP, Mapped, Span, coalesce, row_span};
@@ -13,6 +13,7 @@ use crate::memory;
 use flatrun_format::{StorageBackend, TensorHandle, TensorInfo};
 use flatrun_kernels::Weight;
 use flatrun_model::Manifest;
+use flatrun_model::arch::parse_layer_tensor;
 use std::ops::Range;
 
 /// How one layer's weights reach its forward pass.
@@ -30,7 +31,69 @@ pub(crate) enum LayerLayout {
     Chunked {
         vectors: usize,
         matrices: Vec<ChunkedMatrix>,
+        /// Stacked expert matrices: nothing scheduled; the routed experts'
+        /// rows are read when a matmul asks for them.
+        experts: Vec<ExpertMatrix>,
     },
+}
+
+/// A stacked expert matrix of a chunked layer, read by row ranges on demand.
+#[derive(Debug)]
+pub(crate) struct ExpertMatrix {
+    /// Address range of its data in the mapping.
+    address: Range<usize>,
+    row_bytes: usize,
+    sources: Sources,
+}
+
+impl ExpertMatrix {
+    /// The rows of this matrix that `w` (a view of some of them in the
+    /// mapping) covers, if it is one.
+    pub(crate) fn rows_of(&self, w: &Weight) -> Option<Range<usize>> {
+        let at = w.data.as_ptr() as usize;
+        if !self.address.contains(&at) || self.row_bytes == 0 || w.row_bytes() != self.row_bytes {
+            return None;
+        }
+        let start = (at - self.address.start) / self.row_bytes;
+        let end = start + w.rows;
+        (end * self.row_bytes <= self.address.len()).then_some(start..end)
+    }
+
+    /// The file spans of rows `rows` (data and parts).
+    pub(crate) fn spans(&self, rows: Range<usize>) -> Vec<Span> {
+        std::iter::once(&self.sources.data)
+            .chain(self.sources.scales.iter())
+            .chain(self.sources.biases.iter())
+            .map(|s| s.span(rows.clone()))
+            .collect()
+    }
+
+    /// `w`'s rows `rows` with their bytes from an on-demand read.
+    pub(crate) fn rows_from<'l>(
+        &self,
+        w: &Weight,
+        rows: Range<usize>,
+        read: &'l super::OnDemand,
+    ) -> Option<Weight<'l>> {
+        let take = |s: &RowSource| {
+            let span = s.span(rows.clone());
+            read.bytes(span.file, span.offset, span.len)
+        };
+        Some(Weight {
+            format: w.format,
+            rows: w.rows,
+            cols: w.cols,
+            data: take(&self.sources.data)?,
+            scales: match &self.sources.scales {
+                Some(s) => Some(take(s)?),
+                None => None,
+            },
+            biases: match &self.sources.biases {
+                Some(s) => Some(take(s)?),
+                None => None,
+            },
+        })
+    }
 }
 
 /// Where one part of a matrix (its main data, or MLX scales or biases)
@@ -322,6 +385,22 @@ impl WeightPlan {
                     let (matrices, vectors): (Vec<_>, Vec<_>) = tensors
                         .into_iter()
                         .partition(|t| (input.is_matrix)(t.handle.info()));
+                    let (stacks, matrices): (Vec<_>, Vec<_>) =
+                        matrices.into_iter().partition(|t| {
+                            parse_layer_tensor(t.handle.name()).is_some_and(|(_, r)| r.is_experts())
+                        });
+                    let mut experts = Vec::with_capacity(stacks.len());
+                    for t in &stacks {
+                        let w = Weight::from_handle(&t.handle)
+                            .map_err(kernel_error(t.handle.name()))?;
+                        let (sources, _) = row_sources(t, &w);
+                        let start = w.data.as_ptr() as usize;
+                        experts.push(ExpertMatrix {
+                            address: start..start + w.data.len(),
+                            row_bytes: w.row_bytes(),
+                            sources,
+                        });
+                    }
                     let vector_spans = vectors
                         .iter()
                         .flat_map(|t| std::iter::once(t.data).chain(t.parts.iter().map(|p| p.1)))
@@ -345,6 +424,7 @@ impl WeightPlan {
                     layers.push(LayerLayout::Chunked {
                         vectors,
                         matrices: chunked,
+                        experts,
                     });
                 }
             }
