@@ -12,7 +12,7 @@
 //!
 //! Fixtures: `tests/fixtures/qwen35/<file>.logits.json`, the reference's
 //! teacher-forced top-10 logits at every position of three prompts and a
-//! greedy continuation, made by `scripts/gen_qwen35_fixtures.sh`.
+//! greedy continuation, made by `scripts/gen_synthetic_fixtures.sh qwen35`.
 //!
 //! Criteria (per file and backend, see [`Bounds`]):
 //! * arg-max agrees with the reference at ≥ 99% of the *decisive* positions
@@ -42,7 +42,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::logits::{Bounds, LogitFixture, all_logits, floats, ids, teacher_forced};
+use common::logits::{Bounds, LogitFixture, all_logits, greedy_on_reference_path, teacher_forced};
 use flatrun_runtime::{BackendKind, LoadOptions, Model, Residency, argmax};
 
 /// Native kernels (which quantize activations like llama.cpp), or f16 weights.
@@ -115,50 +115,11 @@ fn check_greedy(file: &str, backend: BackendKind) {
     let Some((mut model, fixture)) = setup(file, backend, Residency::Resident) else {
         return;
     };
-    let greedy = &fixture.json["greedy"];
-    let prompt = ids(&greedy["prompt_tokens"]);
-    let want = ids(&greedy["tokens"]);
-    let top2_ids: Vec<Vec<u32>> = greedy["top2_ids"]
-        .as_array()
-        .expect("top2_ids")
-        .iter()
-        .map(ids)
-        .collect();
-    let top2_logits: Vec<Vec<f32>> = greedy["top2_logits"]
-        .as_array()
-        .expect("top2_logits")
-        .iter()
-        .map(floats)
-        .collect();
-    assert_eq!(top2_ids.len(), want.len());
-    let mut session = model.session();
-    let mut logits = session.step(&prompt).expect("prefill");
-    let mut got = Vec::with_capacity(want.len());
-    for step in 0..want.len() {
-        let next = argmax(&logits);
-        got.push(next);
-        if next != want[step] {
-            // Leaving the reference's path is allowed only at a near-tie,
-            // onto the reference's second choice.
-            let gap = top2_logits[step][0] - top2_logits[step][1];
-            eprintln!(
-                "{file} [{backend:?}] greedy leaves the reference at step {step}: ours {next}, \
-                 reference {} (second {}, gap {gap:.3})",
-                want[step], top2_ids[step][1]
-            );
-            assert!(
-                gap < NEAR_TIE && next == top2_ids[step][1],
-                "{file} [{backend:?}]: greedy continuation differs at step {step} \
-                 (ours {got:?}, reference {want:?})"
-            );
-            break;
-        }
-        logits = session.step(&[next]).expect("decode");
-    }
-    eprintln!(
-        "{file} [{backend:?}] greedy: {} of {} tokens on the reference's path",
-        got.iter().zip(&want).take_while(|(a, b)| a == b).count(),
-        want.len()
+    greedy_on_reference_path(
+        &mut model,
+        &fixture,
+        &format!("{file} [{backend:?}]"),
+        NEAR_TIE,
     );
 }
 
