@@ -70,7 +70,18 @@ def is_recurrent(il: int, interval: int) -> bool:
     return (il + 1) % interval != 0
 
 
-def write_model(path: Path, spec: dict, vocab_dir: Path, qtype) -> None:
+def dense_ffn(writer, blk: str, spec: dict, normal, qtype) -> None:
+    """The SwiGLU FFN of a `qwen35` layer."""
+    n_embd, n_ff = spec["n_embd"], spec["n_ff"]
+    store(writer, f"{blk}.ffn_gate.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
+    store(writer, f"{blk}.ffn_up.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
+    store(writer, f"{blk}.ffn_down.weight", normal((n_embd, n_ff), 2.0 / math.sqrt(n_ff)), qtype)
+
+
+def write_model(path: Path, spec: dict, vocab_dir: Path, qtype, arch: str = ARCH,
+                extra_kv=None, store_ffn=dense_ffn) -> None:
+    """Write a Qwen3.5-shaped hybrid stack of family `arch`; `extra_kv(writer)`
+    adds metadata, `store_ffn(writer, blk, spec, normal, qtype)` each layer's FFN."""
     rng = np.random.default_rng(spec["seed"])
     n_embd, n_layer, n_ff = spec["n_embd"], spec["n_layer"], spec["n_ff"]
     n_head, n_head_kv, head_dim = spec["n_head"], spec["n_head_kv"], spec["head_dim"]
@@ -81,7 +92,7 @@ def write_model(path: Path, spec: dict, vocab_dir: Path, qtype) -> None:
     conv_dim = 2 * key_dim + value_dim
     interval = spec["full_attention_interval"]
 
-    writer = gguf.GGUFWriter(str(path), ARCH)
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name("qwen35-synthetic")
     writer.add_context_length(4096)
     writer.add_embedding_length(n_embd)
@@ -104,6 +115,8 @@ def write_model(path: Path, spec: dict, vocab_dir: Path, qtype) -> None:
     writer.add_file_type({QT.F16: 1, QT.Q8_0: 7}.get(qtype, 0))
     n_vocab = copy_tokenizer(writer, vocab_dir / spec["vocab"])
     writer.add_vocab_size(n_vocab)
+    if extra_kv is not None:
+        extra_kv(writer)
 
     def normal(shape, std):
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
@@ -145,9 +158,7 @@ def write_model(path: Path, spec: dict, vocab_dir: Path, qtype) -> None:
             store(writer, f"{blk}.attn_output.weight",
                   normal((n_embd, n_head * head_dim), 2.0 / math.sqrt(n_head * head_dim)), qtype)
         store(writer, f"{blk}.post_attention_norm.weight", norm_weight(n_embd), qtype)
-        store(writer, f"{blk}.ffn_gate.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
-        store(writer, f"{blk}.ffn_up.weight", normal((n_ff, n_embd), 1 / math.sqrt(n_embd)), qtype)
-        store(writer, f"{blk}.ffn_down.weight", normal((n_embd, n_ff), 2.0 / math.sqrt(n_ff)), qtype)
+        store_ffn(writer, blk, spec, normal, qtype)
     store(writer, "output_norm.weight", norm_weight(n_embd), qtype)
 
     writer.write_header_to_file()

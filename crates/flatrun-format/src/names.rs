@@ -13,6 +13,9 @@
 //! | `layers.{i}.ffn_norm` | `ffn_norm` | `pre_feedforward_layernorm`; `post_attention_layernorm` per family ([`HfNaming`]) |
 //! | `layers.{i}.post_ffn_norm` | `post_ffw_norm` | `post_feedforward_layernorm` |
 //! | `layers.{i}.ffn.gate` / `.up` / `.down` | `ffn_gate` / `ffn_up` / `ffn_down` | `mlp.gate_proj` / `up_proj` / `down_proj` |
+//! | `layers.{i}.ffn.gate_inp` | `ffn_gate_inp` (the router) | — |
+//! | `layers.{i}.ffn.gate_exps` / `.up_exps` / `.down_exps` | `ffn_gate_exps` / `ffn_up_exps` / `ffn_down_exps` (experts stacked `[n_expert, rows, cols]`) | — |
+//! | `layers.{i}.ffn.gate_shexp` / `.up_shexp` / `.down_shexp` / `.gate_inp_shexp` | `ffn_*_shexp`, `ffn_gate_inp_shexp` (shared expert and its gate) | — |
 //! | `layers.{i}.attn.qkv` / `.gate` | `attn_qkv` / `attn_gate` | — (Qwen3.5 delta-net input and output gate) |
 //! | `layers.{i}.ssm.conv1d` / `.dt.bias` / `.a` / `.alpha` / `.beta` / `.norm` / `.out` | `ssm_conv1d` / `ssm_dt.bias` / `ssm_a` / `ssm_alpha` / `ssm_beta` / `ssm_norm` / `ssm_out` | — |
 //!
@@ -54,6 +57,15 @@ fn gguf_layer_stem(stem: &str) -> Option<&'static str> {
         "ffn_down" => "ffn.down",
         "post_ffw_norm" => "post_ffn_norm",
         "rope_freqs" => "rope_freqs",
+        // Mixture of experts: router, stacked experts, shared expert.
+        "ffn_gate_inp" => "ffn.gate_inp",
+        "ffn_gate_exps" => "ffn.gate_exps",
+        "ffn_up_exps" => "ffn.up_exps",
+        "ffn_down_exps" => "ffn.down_exps",
+        "ffn_gate_shexp" => "ffn.gate_shexp",
+        "ffn_up_shexp" => "ffn.up_shexp",
+        "ffn_down_shexp" => "ffn.down_shexp",
+        "ffn_gate_inp_shexp" => "ffn.gate_inp_shexp",
         // Qwen3.5 gated delta-net layers and the attention output gate.
         "attn_gate" => "attn.gate",
         "ssm_conv1d" => "ssm.conv1d",

@@ -81,11 +81,14 @@ impl<'a> Weight<'a> {
         Ok(w)
     }
 
-    /// View a storage tensor as a weight: shape `[rows, cols]`, or `[cols]` as one row.
+    /// View a storage tensor as a weight: shape `[rows, cols]`, `[cols]` as
+    /// one row, or a stack `[n, rows, cols]` (a mixture-of-experts layer's
+    /// experts) as `n * rows` rows, matrix `i` being rows `i*rows..(i+1)*rows`.
     pub fn from_handle(h: &TensorHandle<'a>) -> Result<Self, KernelError> {
         let (rows, cols) = match *h.shape() {
             [cols] => (1, cols),
             [rows, cols] => (rows, cols),
+            [n, rows, cols] => (n * rows, cols),
             _ => {
                 return Err(KernelError::BadShape {
                     tensor: h.name().to_string(),

@@ -73,6 +73,9 @@ pub struct ModelConfig {
     /// The linear-attention layers of a hybrid stack (Qwen3.5); `None` for
     /// pure-attention models.
     pub delta_net: Option<crate::arch::delta_net::DeltaNetConfig>,
+    /// The routed experts of a mixture-of-experts model; `None` for dense
+    /// FFNs.
+    pub moe: Option<crate::arch::moe::MoeConfig>,
 }
 
 impl ModelConfig {

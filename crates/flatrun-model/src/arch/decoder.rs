@@ -8,6 +8,7 @@
 //! layers of other families (Qwen3.5).
 
 use super::delta_net::DeltaNetScratch;
+use super::moe::{self, MoeScratch, MoeTensors};
 use super::{LayerMemory, LayerTensors, Need, Role, Segment, require_matrix, require_vector};
 use crate::config::{Activation, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
@@ -30,6 +31,8 @@ pub enum Op {
     Attention,
     /// Attention output projection.
     OutMatmul,
+    /// Mixture of experts: the router and the choice of experts.
+    Router,
     /// FFN gate and up projections.
     FfnUpMatmul,
     /// Gated activation.
@@ -49,6 +52,7 @@ impl Op {
         Op::KvWrite,
         Op::Attention,
         Op::OutMatmul,
+        Op::Router,
         Op::FfnUpMatmul,
         Op::Activation,
         Op::FfnDownMatmul,
@@ -63,6 +67,7 @@ impl Op {
             Op::KvWrite => "kv_write",
             Op::Attention => "attention",
             Op::OutMatmul => "matmul_o",
+            Op::Router => "router",
             Op::FfnUpMatmul => "matmul_gate_up",
             Op::Activation => "activation",
             Op::FfnDownMatmul => "matmul_down",
@@ -92,9 +97,23 @@ pub struct DecoderLayout {
     pub sandwich_norms: bool,
 }
 
-/// The tensors of a decoder layer of `layout`, matrices in the order the
-/// layer multiplies them; `attn.o.bias` is used where a checkpoint has it.
-pub fn layer_roles(layout: DecoderLayout) -> Vec<(Role, Need)> {
+/// The FFN matrices of a layer of `cfg` (after its norm), in the order the
+/// block multiplies them.
+pub fn ffn_roles(cfg: &ModelConfig) -> Vec<(Role, Need)> {
+    match &cfg.moe {
+        Some(m) => moe::moe_roles(m),
+        None => vec![
+            (Role::FfnGate, Need::Required),
+            (Role::FfnUp, Need::Required),
+            (Role::FfnDown, Need::Required),
+        ],
+    }
+}
+
+/// The tensors of a decoder layer of `layout` in a model of `cfg`,
+/// matrices in the order the layer multiplies them; `attn.o.bias` is used
+/// where a checkpoint has it.
+pub fn layer_roles(cfg: &ModelConfig, layout: DecoderLayout) -> Vec<(Role, Need)> {
     use Need::{Optional, Required};
     let mut roles = vec![
         (Role::AttnNorm, Required),
@@ -103,10 +122,8 @@ pub fn layer_roles(layout: DecoderLayout) -> Vec<(Role, Need)> {
         (Role::AttnV, Required),
         (Role::AttnO, Required),
         (Role::FfnNorm, Required),
-        (Role::FfnGate, Required),
-        (Role::FfnUp, Required),
-        (Role::FfnDown, Required),
     ];
+    roles.extend(ffn_roles(cfg));
     if layout.qkv_bias {
         roles.extend([
             (Role::AttnQBias, Required),
@@ -144,12 +161,16 @@ pub struct DecoderTensors<'a> {
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     pub post_attn_norm: Option<&'a [f32]>,
-    pub ffn: FfnTensors<'a>,
+    pub ffn: Ffn<'a>,
 }
 
 impl<'a> DecoderTensors<'a> {
     /// Layer `layer`'s tensors by role; an error names a missing one.
-    pub fn from_layer(layer: usize, t: &'a dyn LayerTensors) -> Result<DecoderTensors<'a>> {
+    pub fn from_layer(
+        cfg: &ModelConfig,
+        layer: usize,
+        t: &'a dyn LayerTensors,
+    ) -> Result<DecoderTensors<'a>> {
         Ok(DecoderTensors {
             attn_norm: require_vector(t, layer, Role::AttnNorm)?,
             q: require_matrix(t, layer, Role::AttnQ)?,
@@ -164,13 +185,40 @@ impl<'a> DecoderTensors<'a> {
             q_norm: t.vector(Role::AttnQNorm),
             k_norm: t.vector(Role::AttnKNorm),
             post_attn_norm: t.vector(Role::PostAttnNorm),
-            ffn: FfnTensors {
-                norm: require_vector(t, layer, Role::FfnNorm)?,
+            ffn: Ffn::from_layer(cfg, layer, t, Role::FfnNorm)?,
+        })
+    }
+}
+
+/// A layer's FFN: dense, or routed experts.
+#[derive(Clone, Copy, Debug)]
+pub enum Ffn<'a> {
+    Dense(FfnTensors<'a>),
+    Moe(MoeTensors<'a>),
+}
+
+impl<'a> Ffn<'a> {
+    /// Layer `layer`'s FFN, behind the norm `norm`: experts when `cfg`
+    /// has them; the output norm (`post_ffn_norm`) where the layer has one.
+    pub fn from_layer(
+        cfg: &ModelConfig,
+        layer: usize,
+        t: &'a dyn LayerTensors,
+        norm: Role,
+    ) -> Result<Ffn<'a>> {
+        let post_norm = t.vector(Role::PostFfnNorm);
+        Ok(match &cfg.moe {
+            Some(m) => Ffn::Moe(MoeTensors {
+                post_norm,
+                ..MoeTensors::from_layer(layer, t, norm, m)?
+            }),
+            None => Ffn::Dense(FfnTensors {
+                norm: require_vector(t, layer, norm)?,
                 gate: require_matrix(t, layer, Role::FfnGate)?,
                 up: require_matrix(t, layer, Role::FfnUp)?,
                 down: require_matrix(t, layer, Role::FfnDown)?,
-                post_norm: t.vector(Role::PostFfnNorm),
-            },
+                post_norm,
+            }),
         })
     }
 }
@@ -290,6 +338,8 @@ pub struct LayerScratch {
     pub(crate) attn_gate: Vec<f32>,
     /// Qwen3.5 delta-net layers.
     pub(crate) delta_net: DeltaNetScratch,
+    /// Mixture-of-experts layers.
+    pub(crate) moe: MoeScratch,
 }
 
 impl LayerScratch {
@@ -379,6 +429,7 @@ pub fn forward_layer(
     let proj = &mut scratch.proj[..n * d];
     let gate = &mut scratch.gate[..n * ff];
     let up = &mut scratch.up[..n * ff];
+    let moe_scratch = &mut scratch.moe;
     let mut clock = Clock { obs, layer };
 
     // ---- attention block ----
@@ -421,9 +472,49 @@ pub fn forward_layer(
     clock.time(Op::Residual, || ops::add(hidden, proj));
 
     // ---- feed-forward block ----
-    ffn_block(
-        cfg, layer, &w.ffn, hidden, xb, gate, up, proj, kernels, &mut clock,
-    )
+    let bufs = FfnBuffers {
+        xb,
+        gate,
+        up,
+        proj,
+        moe: moe_scratch,
+    };
+    run_ffn(cfg, layer, &w.ffn, hidden, bufs, kernels, &mut clock)
+}
+
+/// The scratch an FFN block writes: `xb`, `proj` (`n × n_embd`), `gate`,
+/// `up` (`n × n_ff`) and the MoE block's own buffers.
+pub(crate) struct FfnBuffers<'b> {
+    pub xb: &'b mut [f32],
+    pub gate: &'b mut [f32],
+    pub up: &'b mut [f32],
+    pub proj: &'b mut [f32],
+    pub moe: &'b mut MoeScratch,
+}
+
+/// The FFN block of a layer, dense or routed, with its residual.
+pub(crate) fn run_ffn(
+    cfg: &ModelConfig,
+    layer: usize,
+    ffn: &Ffn,
+    hidden: &mut [f32],
+    b: FfnBuffers,
+    kernels: &dyn Kernels,
+    clock: &mut Clock,
+) -> Result<()> {
+    match (ffn, &cfg.moe) {
+        (Ffn::Dense(w), _) => ffn_block(
+            cfg, layer, w, hidden, b.xb, b.gate, b.up, b.proj, kernels, clock,
+        ),
+        (Ffn::Moe(w), Some(m)) => moe::moe_block(
+            cfg, m, layer, w, hidden, b.xb, b.proj, b.moe, kernels, clock,
+        ),
+        (Ffn::Moe(_), None) => Err(ModelError::Kernel {
+            layer,
+            op: "ffn.experts",
+            what: "the layer has experts but the config has none".into(),
+        }),
+    }
 }
 
 /// The attention core of a layer, after the projections: q/k RMS norms per
@@ -447,11 +538,25 @@ pub(crate) fn attention_core(
     let layer = plan.index;
     let (qd, kvd, hd) = (cfg.q_dim(), cfg.kv_dim(), cfg.head_dim);
     let (eps, offset) = (cfg.rms_eps, cfg.norm_weight_offset);
-    // q, k = rmsnorm per head (Qwen3, Gemma 3, Qwen3.5)
+    // q, k = rmsnorm per head (Qwen3, Gemma 3, Qwen3.5), or over each
+    // token's whole q and k (OLMoE): the norm's length says which
     if let Some((qn, kn)) = qk_norms {
+        let width = |norm: &[f32], full: usize| if norm.len() == full { full } else { hd };
+        let (qw, kw) = (width(qn, qd), width(kn, kvd));
+        if qn.len() != qw || kn.len() != kw {
+            return Err(ModelError::Kernel {
+                layer,
+                op: "attn.qk_norm",
+                what: format!(
+                    "q/k norms of {} and {} values for heads of {hd} (q {qd}, k {kvd})",
+                    qn.len(),
+                    kn.len()
+                ),
+            });
+        }
         clock.time(Op::Norm, || {
-            ops::rms_norm_rows(q, hd, qn, eps, offset);
-            ops::rms_norm_rows(k, hd, kn, eps, offset);
+            ops::rms_norm_rows(q, qw, qn, eps, offset);
+            ops::rms_norm_rows(k, kw, kn, eps, offset);
         });
     }
     if let Some(s) = sinks.filter(|s| s.len() != cfg.n_head) {

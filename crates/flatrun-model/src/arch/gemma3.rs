@@ -40,12 +40,15 @@ impl Architecture for Gemma3 {
             layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
         }
     }
-    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
-        decoder::layer_roles(DecoderLayout {
-            qkv_bias: false,
-            qk_norm: true,
-            sandwich_norms: true,
-        })
+    fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(
+            cfg,
+            DecoderLayout {
+                qkv_bias: false,
+                qk_norm: true,
+                sandwich_norms: true,
+            },
+        )
     }
     /// The attention scale multiplies the queries in f32 after RoPE (before
     /// ggml rounds them to f16 against the cache), as llama.cpp's graph does.

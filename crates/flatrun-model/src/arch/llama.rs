@@ -25,13 +25,14 @@ impl Architecture for Llama {
     fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
         let mut cfg = super::common_from_gguf(Arch::new(&Llama), keys)?;
         cfg.rope_layout = RopeLayout::Normal;
-        Ok(cfg)
+        // Mixtral: a llama with `expert_count` experts per layer.
+        super::moe_families::llama_experts(cfg, keys)
     }
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
         super::common_from_hf(Arch::new(&Llama), keys)
     }
-    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
-        decoder::layer_roles(DecoderLayout::default())
+    fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(cfg, DecoderLayout::default())
     }
     /// Hugging Face checkpoints keep each head's rotary dims as two halves
     /// (NeoX); llama.cpp's converter permutes the Q/K rows into adjacent

@@ -13,6 +13,7 @@
 //! | Qwen3 | [`qwen3`] | per-head q/k RMS norms |
 //! | Gemma 3 | [`gemma3`] | embedding scale, sandwich norms, GELU-tanh, sliding-window layers |
 //! | Qwen3.5 | [`qwen35`], [`delta_net`] | hybrid: gated delta-net layers + gated full attention every Nth layer |
+//! | Mixtral (`llama` with experts), Qwen3-MoE, Qwen2-MoE, OLMoE, Qwen3.5-MoE | [`llama`], [`moe_families`], [`moe`] | routed experts ([`moe::MoeConfig`]) in place of the dense FFN |
 //!
 //! The first four run the one decoder layer ([`decoder`]), Qwen3.5 its own,
 //! built from the decoder's attention core and FFN block.
@@ -21,6 +22,8 @@ pub mod decoder;
 pub mod delta_net;
 pub mod gemma3;
 pub mod llama;
+pub mod moe;
+pub mod moe_families;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen35;
@@ -45,6 +48,10 @@ static FAMILIES: &[&dyn Architecture] = &[
     &qwen3::Qwen3,
     &gemma3::Gemma3,
     &qwen35::Qwen35,
+    &moe_families::Qwen3Moe,
+    &moe_families::Qwen2Moe,
+    &moe_families::Olmoe,
+    &moe_families::Qwen35Moe,
 ];
 
 /// The family of a GGUF `general.architecture` or a Hugging Face `model_type`.
@@ -118,7 +125,7 @@ pub trait Architecture: Send + Sync {
         scratch: &mut LayerScratch,
         observer: &mut dyn OpObserver,
     ) -> Result<()> {
-        let weights = DecoderTensors::from_layer(plan.index, tensors)?;
+        let weights = DecoderTensors::from_layer(cfg, plan.index, tensors)?;
         decoder::forward_layer(
             cfg, plan, &weights, hidden, positions, segments, kernels, scratch, observer,
         )
@@ -254,9 +261,11 @@ pub struct Segment<'s> {
 pub fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
     let n_layer = keys.require_usize("block_count")?;
     let n_embd = keys.require_usize("embedding_length")?;
+    // (Mixture-of-experts files may give only the experts' width.)
     let n_ff = keys
         .per_layer_u64("feed_forward_length")
         .and_then(|v| v.first().copied())
+        .or_else(|| keys.u64("expert_feed_forward_length"))
         .map(|v| v as usize)
         .ok_or_else(|| keys_missing(keys, "feed_forward_length"))?;
     let n_head = keys
@@ -310,6 +319,7 @@ pub fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
         final_logit_softcap: None,
         activation: Activation::Silu,
         delta_net: None,
+        moe: None,
     })
 }
 
@@ -362,5 +372,6 @@ pub fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         final_logit_softcap: None,
         activation: Activation::Silu,
         delta_net: None,
+        moe: None,
     })
 }

@@ -22,10 +22,13 @@ impl Architecture for Qwen2 {
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
         super::common_from_hf(Arch::new(&Qwen2), keys)
     }
-    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
-        decoder::layer_roles(DecoderLayout {
-            qkv_bias: true,
-            ..DecoderLayout::default()
-        })
+    fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(
+            cfg,
+            DecoderLayout {
+                qkv_bias: true,
+                ..DecoderLayout::default()
+            },
+        )
     }
 }

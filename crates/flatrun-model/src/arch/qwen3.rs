@@ -23,10 +23,13 @@ impl Architecture for Qwen3 {
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
         super::common_from_hf(Arch::new(&Qwen3), keys)
     }
-    fn layer_roles(&self, _: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
-        decoder::layer_roles(DecoderLayout {
-            qk_norm: true,
-            ..DecoderLayout::default()
-        })
+    fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
+        decoder::layer_roles(
+            cfg,
+            DecoderLayout {
+                qk_norm: true,
+                ..DecoderLayout::default()
+            },
+        )
     }
 }

@@ -20,8 +20,8 @@
 //! position, which makes it exactly NeoX RoPE over the rotated dimensions.
 
 use super::decoder::{
-    Clock, FfnTensors, LayerPlan, LayerScratch, Op, OpObserver, attention_core, check_hidden,
-    ffn_block, wrong_memory,
+    Clock, Ffn, FfnBuffers, LayerPlan, LayerScratch, Op, OpObserver, attention_core, check_hidden,
+    ffn_roles, run_ffn, wrong_memory,
 };
 use super::delta_net::{self, DeltaNetConfig, DeltaNetSegment, DeltaNetWeights, project};
 use super::{
@@ -59,7 +59,9 @@ impl Architecture for Qwen35 {
         } else {
             ATTENTION_ROLES
         };
-        roles.iter().map(|&r| (r, Need::Required)).collect()
+        let mut roles: Vec<(Role, Need)> = roles.iter().map(|&r| (r, Need::Required)).collect();
+        roles.extend(ffn_roles(cfg));
+        roles
     }
     fn layer_memory(&self, cfg: &ModelConfig, il: usize) -> MemoryKind {
         if cfg.is_recurrent(il) {
@@ -86,7 +88,8 @@ impl Architecture for Qwen35 {
     }
 }
 
-/// The tensors of a delta-net layer, matrices in the order it multiplies them.
+/// The tensors of a delta-net layer up to its FFN (whose matrices follow,
+/// dense or routed: [`ffn_roles`]), matrices in the order it multiplies them.
 pub const DELTA_NET_ROLES: &[Role] = &[
     Role::AttnNorm,
     Role::AttnQkv,
@@ -99,12 +102,9 @@ pub const DELTA_NET_ROLES: &[Role] = &[
     Role::SsmNorm,
     Role::SsmOut,
     Role::PostAttnNorm,
-    Role::FfnGate,
-    Role::FfnUp,
-    Role::FfnDown,
 ];
 
-/// The tensors of a gated full-attention layer.
+/// The tensors of a gated full-attention layer up to its FFN.
 pub const ATTENTION_ROLES: &[Role] = &[
     Role::AttnNorm,
     Role::AttnQ,
@@ -114,14 +114,17 @@ pub const ATTENTION_ROLES: &[Role] = &[
     Role::AttnQNorm,
     Role::AttnKNorm,
     Role::PostAttnNorm,
-    Role::FfnGate,
-    Role::FfnUp,
-    Role::FfnDown,
 ];
 
 /// Qwen3.5 hyperparameters from GGUF metadata.
 pub fn config_from_gguf(keys: &GgufKeys) -> Result<ModelConfig> {
-    let mut cfg = super::common_from_gguf(Arch::new(&Qwen35), keys)?;
+    hybrid_config_from_gguf(Arch::new(&Qwen35), keys)
+}
+
+/// The hyperparameters of a Qwen3.5-shaped hybrid stack of family `arch`
+/// (`qwen35`, `qwen35moe`).
+pub fn hybrid_config_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
+    let mut cfg = super::common_from_gguf(arch, keys)?;
     cfg.rope_layout = RopeLayout::Neox;
     let n_layer = cfg.n_layer;
     let recurrent_layers = match keys.bool_array("attention.recurrent_layers") {
@@ -216,14 +219,8 @@ pub fn forward_layer(
     let (d, ff, eps, offset) = (cfg.n_embd, cfg.n_ff, cfg.rms_eps, cfg.norm_weight_offset);
     check_hidden(cfg, layer, hidden, n)?;
     let attn_norm = require_vector(t, layer, Role::AttnNorm)?;
-    let ffn = FfnTensors {
-        // GGUF `post_attention_norm`: the norm in front of the FFN.
-        norm: require_vector(t, layer, Role::PostAttnNorm)?,
-        gate: require_matrix(t, layer, Role::FfnGate)?,
-        up: require_matrix(t, layer, Role::FfnUp)?,
-        down: require_matrix(t, layer, Role::FfnDown)?,
-        post_norm: None,
-    };
+    // GGUF `post_attention_norm`: the norm in front of the FFN.
+    let ffn = Ffn::from_layer(cfg, layer, t, Role::PostAttnNorm)?;
     scratch.reserve(cfg, n);
     let LayerScratch {
         xb,
@@ -237,6 +234,7 @@ pub fn forward_layer(
         q_gate,
         attn_gate,
         delta_net: dn_scratch,
+        moe: moe_scratch,
     } = scratch;
     let xb = &mut xb[..n * d];
     let mixed = &mut proj[..n * d];
@@ -308,18 +306,14 @@ pub fn forward_layer(
     clock.time(Op::Residual, || ops::add(hidden, mixed));
 
     // ---- feed-forward block ----
-    ffn_block(
-        cfg,
-        layer,
-        &ffn,
-        hidden,
+    let bufs = FfnBuffers {
         xb,
-        &mut gate[..n * ff],
-        &mut up[..n * ff],
-        mixed,
-        kernels,
-        &mut clock,
-    )
+        gate: &mut gate[..n * ff],
+        up: &mut up[..n * ff],
+        proj: mixed,
+        moe: moe_scratch,
+    };
+    run_ffn(cfg, layer, &ffn, hidden, bufs, kernels, &mut clock)
 }
 
 fn grow_slice(b: &mut Vec<f32>, len: usize) -> &mut [f32] {

@@ -60,6 +60,27 @@ pub enum Role {
     SsmNorm,
     /// Qwen3.5 delta net: the output projection.
     SsmOut,
+    /// Mixture of experts: the router, `n_expert × n_embd`.
+    FfnGateInp,
+    /// The router's bias (gpt-oss).
+    FfnGateInpBias,
+    /// The experts' gate projections, stacked: `n_expert × n_ff_expert` rows.
+    FfnGateExps,
+    /// The experts' up projections, stacked like the gates.
+    FfnUpExps,
+    /// The experts' down projections, stacked: `n_expert × n_embd` rows.
+    FfnDownExps,
+    /// Per-expert biases of the gate, up and down projections (gpt-oss),
+    /// `n_expert × rows`.
+    FfnGateExpsBias,
+    FfnUpExpsBias,
+    FfnDownExpsBias,
+    /// The shared expert's projections (Qwen2-MoE, Qwen3.5-MoE).
+    FfnGateShexp,
+    FfnUpShexp,
+    FfnDownShexp,
+    /// The shared expert's sigmoid gate, one row of `n_embd`.
+    FfnGateInpShexp,
 }
 
 /// Whether a layer must hold a tensor.
@@ -112,6 +133,18 @@ impl Role {
         Role::SsmBeta,
         Role::SsmNorm,
         Role::SsmOut,
+        Role::FfnGateInp,
+        Role::FfnGateInpBias,
+        Role::FfnGateExps,
+        Role::FfnUpExps,
+        Role::FfnDownExps,
+        Role::FfnGateExpsBias,
+        Role::FfnUpExpsBias,
+        Role::FfnDownExpsBias,
+        Role::FfnGateShexp,
+        Role::FfnUpShexp,
+        Role::FfnDownShexp,
+        Role::FfnGateInpShexp,
     ];
 
     /// Number of roles (the length of a table indexed by `role as usize`).
@@ -147,6 +180,18 @@ impl Role {
             Role::SsmBeta => "ssm.beta",
             Role::SsmNorm => "ssm.norm",
             Role::SsmOut => "ssm.out",
+            Role::FfnGateInp => "ffn.gate_inp",
+            Role::FfnGateInpBias => "ffn.gate_inp.bias",
+            Role::FfnGateExps => "ffn.gate_exps",
+            Role::FfnUpExps => "ffn.up_exps",
+            Role::FfnDownExps => "ffn.down_exps",
+            Role::FfnGateExpsBias => "ffn.gate_exps.bias",
+            Role::FfnUpExpsBias => "ffn.up_exps.bias",
+            Role::FfnDownExpsBias => "ffn.down_exps.bias",
+            Role::FfnGateShexp => "ffn.gate_shexp",
+            Role::FfnUpShexp => "ffn.up_shexp",
+            Role::FfnDownShexp => "ffn.down_shexp",
+            Role::FfnGateInpShexp => "ffn.gate_inp_shexp",
         }
     }
 
@@ -169,9 +214,25 @@ impl Role {
             | Role::AttnGate
             | Role::SsmAlpha
             | Role::SsmBeta
-            | Role::SsmOut => TensorKind::Matrix,
+            | Role::SsmOut
+            | Role::FfnGateInp
+            | Role::FfnGateExps
+            | Role::FfnUpExps
+            | Role::FfnDownExps
+            | Role::FfnGateShexp
+            | Role::FfnUpShexp
+            | Role::FfnDownShexp => TensorKind::Matrix,
             _ => TensorKind::Vector,
         }
+    }
+
+    /// Whether the tensor stacks the matrices of a layer's routed experts
+    /// (one expert is one row range of it).
+    pub fn is_experts(self) -> bool {
+        matches!(
+            self,
+            Role::FfnGateExps | Role::FfnUpExps | Role::FfnDownExps
+        )
     }
 
     /// Whether the layer multiplies by the tensor ([`TensorKind::Matrix`]).
