@@ -191,6 +191,8 @@ impl<'a> DecoderTensors<'a> {
 }
 
 /// A layer's FFN: dense, or routed experts.
+// Built once per layer step and borrowed: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Copy, Debug)]
 pub enum Ffn<'a> {
     Dense(FfnTensors<'a>),
