@@ -70,6 +70,19 @@ if [ ! -f "$vocab/.done" ]; then
   touch "$vocab/.done"
 fi
 
+# The real gpt-oss chat template (llama.cpp's models/templates), which the
+# synthetic gpt-oss checkpoint carries; same sdist as the vocab files.
+template=$vocab/openai-gpt-oss-120b.jinja
+if [ ! -f "$template" ]; then
+  echo "setup: fetching the gpt-oss chat template (llama-cpp-python 0.3.36 sdist)" >&2
+  tmp=$(mktemp -d)
+  "$venv/bin/pip" download -q --no-deps --no-binary llama-cpp-python "llama-cpp-python==0.3.36" -d "$tmp"
+  tar xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp" \
+    llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/openai-gpt-oss-120b.jinja
+  cp "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/models/templates/openai-gpt-oss-120b.jinja "$template"
+  rm -rf "$tmp"
+fi
+
 # Synthetic Qwen3.5 checkpoints (crates/flatrun-runtime/tests/qwen35.rs, which
 # also regenerates them when missing or stale; sha256-checked there).
 synthetic=${FLATRUN_SYNTHETIC:-$cache/synthetic}
@@ -85,6 +98,12 @@ if ! ls "$synthetic"/qwen35moe-synth-q8_0.gguf >/dev/null 2>&1; then
   "$venv/bin/python" "$here/scripts/gen_synthetic_moe.py" --out "$synthetic" --vocab "$vocab" >&2
 fi
 # The upcycled MoE (tests/upcycled_moe.rs) is written by that test on first use.
+# The synthetic gpt-oss checkpoint (crates/flatrun-runtime/tests/gptoss.rs,
+# which also regenerates it when missing or stale; sha256-checked there).
+if [ ! -f "$synthetic/gptoss-synth-mxfp4.gguf" ]; then
+  echo "setup: writing the synthetic gpt-oss checkpoint into $synthetic" >&2
+  "$venv/bin/python" "$here/scripts/gen_synthetic_gptoss.py" --out "$synthetic" --vocab "$vocab" >&2
+fi
 
 # Hugging Face SafeTensors directories made from the real GGUFs
 # (crates/flatrun-runtime/tests/hf_parity.rs; the generator skips up-to-date ones).

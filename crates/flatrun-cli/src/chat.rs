@@ -16,6 +16,7 @@ use crate::interrupt::Interrupt;
 use crate::loading::{finish_profile, header, load, peak_rss};
 use crate::progress::on_terminal;
 use anyhow::Result;
+use flatrun_model::chat_template::harmony::{self, HarmonyEvent, HarmonyStream};
 use flatrun_runtime::{ChatMessage, ContextOverflow};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
@@ -237,12 +238,21 @@ pub fn run(args: ChatArgs) -> Result<()> {
             progress: on_terminal(args.output.quiet),
             speculation: speculation.clone(),
         };
+        // gpt-oss answers in channels: show the final one (the reasoning
+        // with --verbose, on stderr); other models' text passes through.
+        let mut channels = HarmonyStream::new();
+        let verbose = args.output.verbose;
         let result = generate(model, seq, new_tokens, request, |piece| {
             answer.push_str(piece);
-            out.write_all(piece.as_bytes())?;
+            for part in channels.push(piece) {
+                show(&mut out, part, verbose)?;
+            }
             out.flush()?;
             Ok(())
         });
+        for part in channels.finish() {
+            show(&mut out, part, verbose)?;
+        }
         writeln!(out)?;
         out.flush()?;
         match result {
@@ -259,7 +269,7 @@ pub fn run(args: ChatArgs) -> Result<()> {
                 total_generated += stats.generated_tokens;
                 last = stats;
                 turns += 1;
-                history.push(ChatMessage::new("assistant", answer));
+                history.push(ChatMessage::new("assistant", harmony::final_text(&answer)));
             }
             Err(e) => {
                 // Keep the session: drop the failed turn (and the cache,
@@ -271,4 +281,17 @@ pub fn run(args: ChatArgs) -> Result<()> {
         }
     }
     finish_profile(model, &args.engine)
+}
+
+/// One part of an answer on the terminal: its text on stdout, reasoning on
+/// stderr when verbose; a tool call (chat offers no tools) is not shown.
+fn show(out: &mut impl Write, part: HarmonyEvent, verbose: bool) -> std::io::Result<()> {
+    match part {
+        HarmonyEvent::Content(text) => out.write_all(text.as_bytes()),
+        HarmonyEvent::Reasoning(text) if verbose => {
+            eprint!("{text}");
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }

@@ -49,6 +49,7 @@ fn gguf_layer_stem(stem: &str) -> Option<&'static str> {
         "attn_norm" => "attn_norm",
         "attn_q_norm" => "attn.q_norm",
         "attn_k_norm" => "attn.k_norm",
+        "attn_sinks" => "attn.sinks",
         "post_attention_norm" => "post_attn_norm",
         "ffn_norm" => "ffn_norm",
         "ffn_gate" => "ffn.gate",

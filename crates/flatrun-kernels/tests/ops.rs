@@ -234,13 +234,14 @@ fn norms_activations_softmax() {
 }
 
 /// Direct attention: for each query and head, softmax over visible keys.
-fn naive_attention(
+fn naive_attention_sinks(
     q: &[f32],
     q_pos: &[usize],
     k: &[f32],
     v: &[f32],
     key_pos: &[usize],
     c: &AttnConfig,
+    sinks: Option<&[f32]>,
 ) -> Vec<f32> {
     let hd = c.head_dim;
     let mut out = vec![0f32; q_pos.len() * c.n_head * hd];
@@ -263,8 +264,14 @@ fn naive_attention(
                 }
                 w.push((j, s));
             }
-            let max = w.iter().map(|p| p.1).fold(f32::NEG_INFINITY, f32::max);
-            let sum: f32 = w.iter().map(|p| (p.1 - max).exp()).sum();
+            let sink = sinks.map(|s| s[h]);
+            let max = w
+                .iter()
+                .map(|p| p.1)
+                .chain(sink)
+                .fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = w.iter().map(|p| (p.1 - max).exp()).sum::<f32>()
+                + sink.map_or(0.0, |s| (s - max).exp());
             for &(j, s) in &w {
                 let p = (s - max).exp() / sum;
                 for d in 0..hd {
@@ -274,6 +281,64 @@ fn naive_attention(
         }
     }
     out
+}
+
+fn naive_attention(
+    q: &[f32],
+    q_pos: &[usize],
+    k: &[f32],
+    v: &[f32],
+    key_pos: &[usize],
+    c: &AttnConfig,
+) -> Vec<f32> {
+    naive_attention_sinks(q, q_pos, k, v, key_pos, c, None)
+}
+
+#[test]
+fn attention_sinks_take_a_share_of_each_heads_softmax() {
+    let c = AttnConfig {
+        n_head: 4,
+        n_kv_head: 2,
+        head_dim: 8,
+        scale: 0.35,
+        window: Some(3),
+        softcap: None,
+    };
+    let values =
+        |n: usize, s: f32| -> Vec<f32> { (0..n).map(|i| (i as f32 * s).sin() * 1.5).collect() };
+    let (k, v, q) = (
+        values(5 * 16, 0.71),
+        values(5 * 16, 0.37),
+        values(2 * 32, 0.53),
+    );
+    let key_pos = [0, 1, 2, 3, 4];
+    let q_pos = [0, 4];
+    // One sink far above the scores (the head's output nearly vanishes), one
+    // far below (no effect), two near them.
+    let sinks = [8.0f32, -30.0, 0.3, -0.5];
+    let want = naive_attention_sinks(&q, &q_pos, &k, &v, &key_pos, &c, Some(&sinks));
+    let mut out = vec![0f32; want.len()];
+    ops::attention_with_sinks(
+        &q,
+        &q_pos,
+        KvSlice::F32(&k),
+        KvSlice::F32(&v),
+        &key_pos,
+        &c,
+        Some(&sinks),
+        &mut out,
+    );
+    close(&out, &want, 1e-5);
+    let plain = naive_attention(&q, &q_pos, &k, &v, &key_pos, &c);
+    assert!(
+        out[..8].iter().all(|x| x.abs() < 0.01),
+        "a high sink drains head 0"
+    );
+    close(&out[8..16], &plain[8..16], 1e-5);
+    assert!(
+        (out[16] - plain[16]).abs() > 1e-3,
+        "a near sink changes head 2"
+    );
 }
 
 #[test]

@@ -34,6 +34,7 @@ use serde::Serialize;
 
 mod budget;
 mod guard;
+pub mod harmony;
 mod sandbox;
 pub mod tools;
 

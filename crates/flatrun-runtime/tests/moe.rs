@@ -7,7 +7,7 @@
 //! Fixtures: `tests/fixtures/moe/<file>.logits.json`, the reference's
 //! teacher-forced top-10 logits at every position of three prompts and a
 //! greedy continuation with its top-2 per step, made by
-//! `scripts/gen_moe_fixtures.sh`.
+//! `scripts/gen_synthetic_fixtures.sh moe`.
 //!
 //! Criteria, per file and backend (the bounds of `tests/qwen35.rs`; Qwen3.5-MoE
 //! on Q8_0 weights see `HYBRID_QUANTIZED`):

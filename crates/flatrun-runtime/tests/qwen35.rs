@@ -12,7 +12,7 @@
 //!
 //! Fixtures: `tests/fixtures/qwen35/<file>.logits.json`, the reference's
 //! teacher-forced top-10 logits at every position of three prompts and a
-//! greedy continuation, made by `scripts/gen_qwen35_fixtures.sh`.
+//! greedy continuation, made by `scripts/gen_synthetic_fixtures.sh qwen35`.
 //!
 //! Criteria (per file and backend, see [`Bounds`]):
 //! * arg-max agrees with the reference at ≥ 99% of the *decisive* positions

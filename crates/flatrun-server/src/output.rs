@@ -1,8 +1,10 @@
 //! What a generated answer holds, for both APIs: reasoning (`<think>` …
-//! `</think>`), text, and tool calls in the model's own syntax. One parser
-//! for streamed and whole answers: a whole answer is one push and a finish.
+//! `</think>`, or gpt-oss's `analysis` channel), text, and tool calls in the
+//! model's own syntax. One parser for streamed and whole answers: a whole
+//! answer is one push and a finish.
 
 use crate::engine::{GenerationEvent, GenerationStream, Usage};
+use flatrun_model::chat_template::harmony::{HarmonyEvent, HarmonyStream};
 use flatrun_model::chat_template::tools::{
     ParsedToolCall, ToolCallStream, ToolStreamEvent, ToolSyntax,
 };
@@ -110,6 +112,12 @@ pub struct OutputParser {
     think: Think,
     held: String,
     tools: Option<ToolCallStream>,
+    /// gpt-oss's channels, split before the rest (see [`HarmonyStream`]:
+    /// other answers pass through it unchanged).
+    harmony: Option<HarmonyStream>,
+    /// Whether reasoning is reported (else a harmony `analysis` channel is
+    /// dropped: it is never the answer).
+    reasoning: bool,
 }
 
 /// How many bytes at the end of `text` could begin `marker`.
@@ -123,18 +131,47 @@ fn partial_suffix(text: &str, marker: &str) -> usize {
 }
 
 impl OutputParser {
-    /// `reasoning`: split `<think>` blocks off; `tools`: parse calls in this
-    /// syntax.
+    /// `reasoning`: split `<think>` blocks off (else they stay in the text)
+    /// and report harmony's `analysis` channel (else it is dropped);
+    /// `tools`: parse calls in this syntax.
     pub fn new(reasoning: bool, tools: Option<ToolSyntax>) -> OutputParser {
         OutputParser {
             think: if reasoning { Think::Start } else { Think::Done },
             held: String::new(),
             tools: tools.map(ToolCallStream::new),
+            harmony: Some(HarmonyStream::new()),
+            reasoning,
         }
     }
 
     /// Feeds text; returns what can be released.
     pub fn push(&mut self, text: &str) -> Vec<OutputEvent> {
+        let Some(harmony) = self.harmony.as_mut() else {
+            return self.push_text(text);
+        };
+        let parts = harmony.push(text);
+        self.harmony_events(parts)
+    }
+
+    /// The events of harmony parts: the answer's text goes on through the
+    /// `<think>` and tool-call parsers.
+    fn harmony_events(&mut self, parts: Vec<HarmonyEvent>) -> Vec<OutputEvent> {
+        let mut events = Vec::new();
+        for part in parts {
+            match part {
+                HarmonyEvent::Reasoning(r) if self.reasoning => {
+                    events.push(OutputEvent::Reasoning(r))
+                }
+                HarmonyEvent::Reasoning(_) => {}
+                HarmonyEvent::Content(c) => events.extend(self.push_text(&c)),
+                HarmonyEvent::ToolCall(call) => events.push(OutputEvent::ToolCall(call)),
+            }
+        }
+        events
+    }
+
+    /// Feeds text after the harmony split.
+    fn push_text(&mut self, text: &str) -> Vec<OutputEvent> {
         let mut events = Vec::new();
         let mut rest = String::new();
         if self.think == Think::Done {
@@ -189,7 +226,10 @@ impl OutputParser {
 
     /// The end of the answer: everything still held.
     pub fn finish(mut self) -> Vec<OutputEvent> {
-        let mut events = Vec::new();
+        let mut events = match self.harmony.take() {
+            Some(harmony) => self.harmony_events(harmony.finish()),
+            None => Vec::new(),
+        };
         let held = std::mem::take(&mut self.held);
         match self.think {
             // An unclosed `<think>` is all reasoning.
@@ -245,6 +285,29 @@ pub fn parse_answer(text: &str, reasoning: bool, tools: Option<ToolSyntax>) -> P
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn harmony_analysis_is_reasoning_and_function_messages_are_calls() {
+        let text = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant\
+            <|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\":\"Paris\"}<|call|>";
+        let answer = parse_answer(text, true, Some(ToolSyntax::Harmony));
+        assert_eq!(answer.reasoning.as_deref(), Some("Need the weather."));
+        assert_eq!(answer.content, "");
+        assert_eq!(answer.tool_calls.len(), 1);
+        assert_eq!(answer.tool_calls[0].name, "get_weather");
+        assert_eq!(answer.tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+        let final_answer = "<|channel|>analysis<|message|>Easy.<|end|><|start|>assistant\
+            <|channel|>final<|message|>Paris.<|return|>";
+        let answer = parse_answer(final_answer, true, None);
+        assert_eq!(answer.reasoning.as_deref(), Some("Easy."));
+        assert_eq!(answer.content, "Paris.");
+        // Without reasoning, the analysis channel is not shown.
+        let answer = parse_answer(final_answer, false, None);
+        assert_eq!(
+            (answer.reasoning, answer.content.as_str()),
+            (None, "Paris.")
+        );
+    }
 
     #[test]
     fn reasoning_text_and_calls_split_at_every_boundary() {

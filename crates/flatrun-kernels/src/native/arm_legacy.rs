@@ -21,7 +21,8 @@ use flatrun_format::GgmlType;
 
 use super::{bits_to_masks, checked, dot32, f16_at, u32_at};
 use crate::native::quantize::BlockQ8;
-use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
+use flatrun_dequant::blocks::fp4::e8m0_to_f32_half;
+use flatrun_dequant::iq_grids::{KVALUES_FP4, KVALUES_IQ4NL};
 use flatrun_dequant::{
     BlockFormat, BlockIq4Nl, BlockQ1_0, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0,
 };
@@ -32,6 +33,7 @@ const Q5_0: u32 = GgmlType::Q5_0 as u32;
 const Q5_1: u32 = GgmlType::Q5_1 as u32;
 const Q8_0: u32 = GgmlType::Q8_0 as u32;
 const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+const MXFP4: u32 = GgmlType::MXFP4 as u32;
 
 /// One unpacked 32-value block: `d · q + m` for `q` in `lo` (values 0..16) and `hi` (16..32).
 struct Block32 {
@@ -113,6 +115,17 @@ unsafe fn unpack<const T: u32>(b: *const u8, levels: int8x16_t) -> Block32 {
                     lo: vqtbl1q_s8(levels, lo),
                     hi: vqtbl1q_s8(levels, hi),
                     d: f16_at(b),
+                    m: 0.0,
+                }
+            }
+            MXFP4 => {
+                // The exponent byte, then the nibbles of the doubled E2M1 levels.
+                let fp4 = vld1q_s8(KVALUES_FP4.as_ptr());
+                let (lo, hi) = nibbles(b.add(1));
+                Block32 {
+                    lo: vqtbl1q_s8(fp4, lo),
+                    hi: vqtbl1q_s8(fp4, hi),
+                    d: e8m0_to_f32_half(*b),
                     m: 0.0,
                 }
             }
@@ -253,6 +266,7 @@ pub(super) unsafe fn rows_q8<const DOT: bool>(
         GgmlType::Q5_1 => tile!(legacy_n, Q5_1, 24, DOT; rows, rb, acts, out),
         GgmlType::Q8_0 => tile!(legacy_n, Q8_0, 34, DOT; rows, rb, acts, out),
         GgmlType::IQ4_NL => tile!(legacy_n, IQ4_NL, 18, DOT; rows, rb, acts, out),
+        GgmlType::MXFP4 => tile!(legacy_n, MXFP4, 17, DOT; rows, rb, acts, out),
         GgmlType::Q1_0 => tile!(q1_0_n, DOT; rows, rb, acts, out),
         _ => each_row(scalar::dot_q8, t, rows, rb, acts, out),
     }

@@ -96,6 +96,7 @@ const fn ggml_partner(t: GgmlType) -> Partner {
         Q5_1 => fused::<BlockQ5_1>(),
         Q8_0 => fused::<BlockQ8_0>(),
         IQ4_NL => fused::<BlockIq4Nl>(),
+        MXFP4 => fused::<BlockMxfp4>(),
         Q1_0 => fused::<BlockQ1_0>(),
         Q2_K => fused::<BlockQ2K>(),
         Q3_K => fused::<BlockQ3K>(),

@@ -3,11 +3,12 @@
 //! every SIMD entry point falls back to them for a call whose slices it cannot vouch for.
 //! Blocks are read through flatrun-dequant's structs, one unpacker per format.
 
+use flatrun_dequant::blocks::fp4::e8m0_to_f32_half;
 use flatrun_dequant::blocks::k_quants::{q3k_scales, scale_min_k4};
-use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
+use flatrun_dequant::iq_grids::{KVALUES_FP4, KVALUES_IQ4NL};
 use flatrun_dequant::{
-    BlockFormat, BlockIq4Nl, BlockIq4Xs, BlockQ1_0, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1,
-    BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0,
+    BlockFormat, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ1_0, BlockQ2K, BlockQ3K, BlockQ4_0,
+    BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0,
 };
 use flatrun_format::GgmlType;
 use half::{bf16, f16};
@@ -95,6 +96,16 @@ fn unpack_block32(t: GgmlType, blk: &[u8], sub: usize) -> Block32 {
                 b.d,
                 0.0,
             )
+        }
+        GgmlType::MXFP4 => {
+            // The doubled E2M1 levels times half the E8M0 scale (ggml's
+            // `ggml_vec_dot_mxfp4_q8_0`).
+            let b: BlockMxfp4 = read(blk);
+            Block32 {
+                q: split_nibbles(&b.qs, |v| KVALUES_FP4[v as usize]),
+                d: e8m0_to_f32_half(b.e),
+                m: 0.0,
+            }
         }
         GgmlType::Q5_0 => {
             let b: BlockQ5_0 = read(blk);

@@ -227,7 +227,7 @@ macro_rules! x86_level {
 
             use flatrun_dequant::BlockFormat;
             use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
-            use flatrun_dequant::{BlockIq4Nl, BlockIq4Xs, BlockQ1_0, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0};
+            use flatrun_dequant::{BlockIq4Nl, BlockIq4Xs, BlockMxfp4, BlockQ1_0, BlockQ2K, BlockQ3K, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ5K, BlockQ6K, BlockQ8_0};
             use flatrun_format::GgmlType;
 
             use super::{hsum, hsum128};
@@ -282,6 +282,18 @@ macro_rules! x86_level {
                     let t = _mm_loadu_si128(p as *const __m128i);
                     let b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
                     _mm256_and_si256(b, _mm256_set1_epi8(0x0F))
+                }
+            }
+
+            /// The 16 MXFP4 levels (E2M1 doubled) in both lanes, for `shuffle_epi8` lookups.
+            #[inline]
+            #[target_feature(enable = $features)]
+            unsafe fn fp4_table() -> __m256i {
+                // SAFETY: the load reads the table's 16 bytes, and the CPU has this level's
+                // features (the caller's promise, the module's contract).
+                unsafe {
+                    let t = _mm_loadu_si128(flatrun_dequant::iq_grids::KVALUES_FP4.as_ptr() as *const __m128i);
+                    _mm256_set_m128i(t, t)
                 }
             }
 

@@ -44,7 +44,7 @@ thread_local! {
 macro_rules! legacy_rows {
     ($t:expr, $ts:expr; $rows:expr, $rb:expr, $acts:expr, $out:expr) => {{
         let (rows, rb, acts, out) = ($rows, $rb, $acts, $out);
-        if acts.len() == 1 && $t != GgmlType::Q8_0 as u32 {
+        if acts.len() == 1 && $t != GgmlType::Q8_0 as u32 && $t != GgmlType::MXFP4 as u32 {
             // SAFETY: the caller (dispatch) checked the host supports this module's
             // features, and `checked` verified every slice the kernel indexes.
             unsafe { legacy_gemv_halves::<$t, $ts>(rows, rb, acts[0], out) }
@@ -91,6 +91,14 @@ macro_rules! legacy_kernels {
             }
         }
 
+        /// The codebook of format `T` for [`legacy_block`]: MXFP4's levels, else IQ4_NL's.
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn levels_table<const T: u32>() -> __m256i {
+            // SAFETY: the CPU has this level's features (the module's contract).
+            unsafe { if T == GgmlType::MXFP4 as u32 { fp4_table() } else { iq4nl_table() } }
+        }
+
         /// 32 weights of one legacy block as bytes (`i8`, or `u8` for the formats with a min),
         /// with the block's scale and min.
         #[inline]
@@ -106,6 +114,7 @@ macro_rules! legacy_kernels {
                 const Q5_1: u32 = GgmlType::Q5_1 as u32;
                 const Q8_0: u32 = GgmlType::Q8_0 as u32;
                 const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+                const MXFP4: u32 = GgmlType::MXFP4 as u32;
                 match T {
                     Q4_0 => (_mm256_sub_epi8(nibbles(b.add(BlockQ4_0::QS_OFFSET)), _mm256_set1_epi8(8)), f16_at(b), 0.0),
                     Q4_1 => {
@@ -124,6 +133,8 @@ macro_rules! legacy_kernels {
                     }
                     Q8_0 => (_mm256_loadu_si256(b.add(BlockQ8_0::QS_OFFSET) as *const __m256i), f16_at(b), 0.0),
                     IQ4_NL => (_mm256_shuffle_epi8(table, nibbles(b.add(BlockIq4Nl::QS_OFFSET))), f16_at(b), 0.0),
+                    // The exponent byte, then 16 bytes of nibbles (`table` holds the FP4 levels).
+                    MXFP4 => (_mm256_shuffle_epi8(table, nibbles(b.add(1))), flatrun_dequant::blocks::fp4::e8m0_to_f32_half(*b), 0.0),
                     _ => (_mm256_setzero_si256(), 0.0, 0.0),
                 }
             }
@@ -140,7 +151,7 @@ macro_rules! legacy_kernels {
             // rows (whole blocks), its activation rows, or this function's own buffers.
             unsafe {
                 let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
-                let table = iq4nl_table();
+                let table = levels_table::<T>();
                 let nb = r0.len() / TS;
                 let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let (mut min0, mut min1) = (0f32, 0f32);
@@ -437,7 +448,7 @@ macro_rules! legacy_kernels {
             unsafe {
                 // Formats with a min store unsigned values: no sign trick needed.
                 let unsigned = T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32;
-                let table = iq4nl_table();
+                let table = levels_table::<T>();
                 let nb = row.len() / TS;
                 let mut acc = [_mm256_setzero_ps(); N];
                 let mut mins = [0f32; N];
@@ -652,6 +663,7 @@ macro_rules! legacy_kernels {
             const Q5_1: u32 = GgmlType::Q5_1 as u32;
             const Q8_0: u32 = GgmlType::Q8_0 as u32;
             const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+            const MXFP4: u32 = GgmlType::MXFP4 as u32;
             match t {
                 GgmlType::Q4_0 => legacy_rows!(Q4_0, { BlockQ4_0::BLOCK_BYTES }; rows, rb, acts, out),
                 GgmlType::Q4_1 => legacy_rows!(Q4_1, { BlockQ4_1::BLOCK_BYTES }; rows, rb, acts, out),
@@ -659,6 +671,7 @@ macro_rules! legacy_kernels {
                 GgmlType::Q5_1 => legacy_rows!(Q5_1, { BlockQ5_1::BLOCK_BYTES }; rows, rb, acts, out),
                 GgmlType::Q8_0 => legacy_rows!(Q8_0, { BlockQ8_0::BLOCK_BYTES }; rows, rb, acts, out),
                 GgmlType::IQ4_NL => legacy_rows!(IQ4_NL, { BlockIq4Nl::BLOCK_BYTES }; rows, rb, acts, out),
+                GgmlType::MXFP4 => legacy_rows!(MXFP4, { BlockMxfp4::BLOCK_BYTES }; rows, rb, acts, out),
                 // SAFETY: as in `tile!`: features checked by dispatch, slices by `checked`.
                 GgmlType::Q1_0 if acts.len() == 1 => unsafe { q1_0_gemv_rows(rows, rb, acts[0], out) },
                 GgmlType::Q1_0 => tile_wide!(q1_0_n; rows, rb, acts, out),

@@ -92,6 +92,16 @@ unsafe fn swiglu_avx2(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// gpt-oss's clamped SwiGLU (ggml's `swiglu_oai`): with `g = min(gate, limit)`
+/// and `u = clamp(up, −limit, limit)`, `gate = g·σ(alpha·g)·(u + 1)`.
+pub fn swiglu_oai(gate: &mut [f32], up: &[f32], alpha: f32, limit: f32) {
+    for (g, &u) in gate.iter_mut().zip(up) {
+        let x = g.min(limit);
+        let y = u.clamp(-limit, limit);
+        *g = x / (1.0 + (alpha * -x).exp()) * (y + 1.0);
+    }
+}
+
 /// GeGLU: `gate = gelu_tanh(gate) * up`, with ggml's GELU: for |x| < 10 it
 /// looks `x` up in an f16 table (`GGML_GELU_FP16`), i.e. the GELU of `x`
 /// rounded to f16, itself rounded to f16; 0 below −10 and `x` above 10.
@@ -199,6 +209,15 @@ mod tests {
         for (g, w) in got.iter().zip(&want) {
             assert_eq!(g.to_bits(), w.to_bits());
         }
+    }
+
+    #[test]
+    fn swiglu_oai_clamps_gate_above_and_up_both_ways() {
+        let mut gate = [10.0f32, -3.0, 0.0, 2.0];
+        let up = [0.5f32, 9.0, 1.0, -8.0];
+        swiglu_oai(&mut gate, &up, 1.702, 7.0);
+        let f = |x: f32, y: f32| x / (1.0 + (-1.702 * x).exp()) * (y + 1.0);
+        assert_eq!(gate, [f(7.0, 0.5), f(-3.0, 7.0), 0.0, f(2.0, -7.0)]);
     }
 
     #[test]

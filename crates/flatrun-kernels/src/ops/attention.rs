@@ -629,6 +629,24 @@ pub fn attention(
     cfg: &AttnConfig,
     out: &mut [f32],
 ) {
+    attention_with_sinks(q, q_pos, k, v, key_pos, cfg, None, out)
+}
+
+/// [`attention`] with learned attention sinks (gpt-oss): `sinks[h]` is one
+/// more logit in head `h`'s softmax that attends to nothing, so the weights of
+/// the real keys sum to less than one (ggml's `soft_max_ext` with sinks: the
+/// sink joins the maximum, and `exp(sink − max)` the denominator).
+#[allow(clippy::too_many_arguments)]
+pub fn attention_with_sinks(
+    q: &[f32],
+    q_pos: &[usize],
+    k: KvSlice,
+    v: KvSlice,
+    key_pos: &[usize],
+    cfg: &AttnConfig,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+) {
     let hd = cfg.head_dim;
     // Block-quantized rows must hold whole heads.
     let blocks = k.is_blocks() || v.is_blocks();
@@ -728,6 +746,10 @@ pub fn attention(
                 max = max.max(x);
                 scores.push(x);
             }
+            let sink = sinks.and_then(|s| s.get(h)).copied();
+            if let Some(s) = sink {
+                max = max.max(s);
+            }
             // Softmax weights with ggml's expf; their sum is taken 8 slots
             // at a time in f32, accumulated in f64 (ggml's AVX2 soft_max).
             exp_shifted(scores, max);
@@ -743,6 +765,9 @@ pub fn attention(
                 eight[j % 8] = *s;
             }
             sum += reduce8(&eight) as f64;
+            if let Some(s) = sink {
+                sum += (s - max).exp() as f64;
+            }
             let inv = (1.0 / sum) as f32;
             // Weighted sum of values, the weights rounded to the values' type
             // as ggml's f16 `kq·v` product does, summed in ggml's lane order.

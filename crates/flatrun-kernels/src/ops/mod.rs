@@ -9,8 +9,8 @@ mod rope;
 mod rows;
 mod softmax;
 
-pub use activation::{geglu, gelu_tanh, silu, swiglu};
-pub use attention::{AttnConfig, KvSlice, attention};
+pub use activation::{geglu, gelu_tanh, silu, swiglu, swiglu_oai};
+pub use attention::{AttnConfig, KvSlice, attention, attention_with_sinks};
 pub use elementwise::{add, scale};
 pub use hadamard::hadamard;
 pub use norm::{rms_norm, rms_norm_rows};

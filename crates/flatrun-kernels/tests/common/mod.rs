@@ -58,6 +58,13 @@ pub fn random_ggml(t: GgmlType, rows: usize, cols: usize, rng: &mut Rng) -> Vec<
             let mut bytes: Vec<u8> = (0..nb * ts).map(|_| rng.byte()).collect();
             // Scales of a plausible size (a min may be negative for Q4_1/Q5_1).
             let magnitude = if t.block_size() == 256 { 0.002 } else { 0.05 };
+            if t == GgmlType::MXFP4 {
+                // An E8M0 exponent byte: scales 2^-9 … 2^-2.
+                for blk in bytes.chunks_exact_mut(ts) {
+                    blk[0] = 118 + rng.byte() % 8;
+                }
+                return bytes;
+            }
             for blk in bytes.chunks_exact_mut(ts) {
                 for (k, &off) in scale_offsets(t).iter().enumerate() {
                     let v = if k == 0 {
@@ -165,6 +172,7 @@ pub const GGML_BUDGETS: &[(GgmlType, f32)] = &[
     (GgmlType::Q5_1, 5e-3),
     (GgmlType::Q8_0, 5e-3),
     (GgmlType::IQ4_NL, 5e-3),
+    (GgmlType::MXFP4, 5e-3),
     (GgmlType::Q1_0, 5e-3),
     (GgmlType::Q2_K, 5e-3),
     (GgmlType::Q3_K, 5e-3),

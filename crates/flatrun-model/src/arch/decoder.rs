@@ -156,6 +156,8 @@ pub struct DecoderTensors<'a> {
     pub k_bias: Option<&'a [f32]>,
     pub v_bias: Option<&'a [f32]>,
     pub o_bias: Option<&'a [f32]>,
+    /// Per-head attention sink logits (gpt-oss).
+    pub sinks: Option<&'a [f32]>,
     pub q_norm: Option<&'a [f32]>,
     pub k_norm: Option<&'a [f32]>,
     pub post_attn_norm: Option<&'a [f32]>,
@@ -179,6 +181,7 @@ impl<'a> DecoderTensors<'a> {
             k_bias: t.vector(Role::AttnKBias),
             v_bias: t.vector(Role::AttnVBias),
             o_bias: t.vector(Role::AttnOBias),
+            sinks: t.vector(Role::AttnSinks),
             q_norm: t.vector(Role::AttnQNorm),
             k_norm: t.vector(Role::AttnKNorm),
             post_attn_norm: t.vector(Role::PostAttnNorm),
@@ -457,7 +460,7 @@ pub fn forward_layer(
     // att = attention(q, k, v) over each sequence's cache
     let qk_norms = w.q_norm.zip(w.k_norm);
     attention_core(
-        cfg, plan, qk_norms, q, k, v, positions, segments, att, &mut clock,
+        cfg, plan, qk_norms, w.sinks, q, k, v, positions, segments, att, &mut clock,
     )?;
     // proj = att·Woᵀ (+ bo)
     clock.try_time(Op::OutMatmul, || {
@@ -525,6 +528,7 @@ pub(crate) fn attention_core(
     cfg: &ModelConfig,
     plan: &LayerPlan,
     qk_norms: Option<(&[f32], &[f32])>,
+    sinks: Option<&[f32]>,
     q: &mut [f32],
     k: &mut [f32],
     v: &mut [f32],
@@ -555,6 +559,13 @@ pub(crate) fn attention_core(
         clock.time(Op::Norm, || {
             ops::rms_norm_rows(q, qw, qn, eps, offset);
             ops::rms_norm_rows(k, kw, kn, eps, offset);
+        });
+    }
+    if let Some(s) = sinks.filter(|s| s.len() != cfg.n_head) {
+        return Err(ModelError::Kernel {
+            layer,
+            op: "attn.sinks",
+            what: format!("{} sinks for {} heads", s.len(), cfg.n_head),
         });
     }
     // q, k = rope(q, k, position)
@@ -595,18 +606,19 @@ pub(crate) fn attention_core(
         }
         Ok(())
     })?;
-    // att = softmax(q·kᵀ · scale + causal/window mask) · v, per sequence
+    // att = softmax(q·kᵀ · scale + causal/window mask [+ sink]) · v, per sequence
     clock.time(Op::Attention, || {
         for seg in segments.iter() {
             let r = seg.tokens.clone();
             if let LayerMemory::Kv(kv) = &seg.memory {
-                ops::attention(
+                ops::attention_with_sinks(
                     &q[r.start * qd..r.end * qd],
                     &positions[r.clone()],
                     kv.keys(),
                     kv.values(),
                     kv.slot_positions(),
                     &plan.attn,
+                    sinks,
                     &mut att[r.start * qd..r.end * qd],
                 );
                 // att = H·att (undoes the rotation of the values)

@@ -14,6 +14,7 @@
 //! | Gemma 3 | [`gemma3`] | embedding scale, sandwich norms, GELU-tanh, sliding-window layers |
 //! | Qwen3.5 | [`qwen35`], [`delta_net`] | hybrid: gated delta-net layers + gated full attention every Nth layer |
 //! | Mixtral (`llama` with experts), Qwen3-MoE, Qwen2-MoE, OLMoE, Qwen3.5-MoE | [`llama`], [`moe_families`], [`moe`] | routed experts ([`moe::MoeConfig`]) in place of the dense FFN |
+//! | gpt-oss | [`gptoss`] | attention sinks, every other layer windowed, YaRN, MXFP4 experts with biases, clamped SwiGLU |
 //!
 //! The first four run the one decoder layer ([`decoder`]), Qwen3.5 its own,
 //! built from the decoder's attention core and FFN block.
@@ -21,6 +22,7 @@
 pub mod decoder;
 pub mod delta_net;
 pub mod gemma3;
+pub mod gptoss;
 pub mod llama;
 pub mod moe;
 pub mod moe_families;
@@ -52,6 +54,7 @@ static FAMILIES: &[&dyn Architecture] = &[
     &moe_families::Qwen2Moe,
     &moe_families::Olmoe,
     &moe_families::Qwen35Moe,
+    &gptoss::GptOss,
 ];
 
 /// The family of a GGUF `general.architecture` or a Hugging Face `model_type`.

@@ -375,6 +375,7 @@ fn gated_attention(
         cfg,
         plan,
         Some((w.q_norm, w.k_norm)),
+        None,
         q,
         k,
         v,

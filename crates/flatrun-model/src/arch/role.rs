@@ -26,6 +26,8 @@ pub enum Role {
     AttnKBias,
     AttnVBias,
     AttnOBias,
+    /// Learned per-head attention sink logits (gpt-oss), `n_head` values.
+    AttnSinks,
     /// Per-head RMS norm of the queries (Qwen3, Gemma 3, Qwen3.5).
     AttnQNorm,
     /// Per-head RMS norm of the keys.
@@ -113,6 +115,7 @@ impl Role {
         Role::AttnKBias,
         Role::AttnVBias,
         Role::AttnOBias,
+        Role::AttnSinks,
         Role::AttnQNorm,
         Role::AttnKNorm,
         Role::PostAttnNorm,
@@ -159,6 +162,7 @@ impl Role {
             Role::AttnKBias => "attn.k.bias",
             Role::AttnVBias => "attn.v.bias",
             Role::AttnOBias => "attn.o.bias",
+            Role::AttnSinks => "attn.sinks",
             Role::AttnQNorm => "attn.q_norm",
             Role::AttnKNorm => "attn.k_norm",
             Role::PostAttnNorm => "post_attn_norm",

@@ -345,6 +345,58 @@ pub fn teacher_forced(
     agreement
 }
 
+/// Greedy decoding of a synthetic-family fixture's `greedy` case (prompt
+/// ids, the reference's continuation and its top-2 at each step): prefill,
+/// then one token per step. Each token must equal the reference's, except
+/// that the run may leave the reference's path at a near-tie (reference top-2
+/// gap below `near_tie`) by taking its second choice; the comparison stops
+/// there. Returns our tokens up to that point.
+pub fn greedy_on_reference_path(
+    model: &mut Model,
+    fixture: &LogitFixture,
+    label: &str,
+    near_tie: f32,
+) -> Vec<u32> {
+    let greedy = &fixture.json["greedy"];
+    let prompt = ids(&greedy["prompt_tokens"]);
+    let want = ids(&greedy["tokens"]);
+    let rows = |key: &str| greedy[key].as_array().expect(key).clone();
+    let top2_ids: Vec<Vec<u32>> = rows("top2_ids").iter().map(ids).collect();
+    let top2_logits: Vec<Vec<f32>> = rows("top2_logits").iter().map(floats).collect();
+    assert_eq!(top2_ids.len(), want.len());
+    let mut session = model.session();
+    let mut logits = session.step(&prompt).expect("prefill");
+    let mut got = Vec::with_capacity(want.len());
+    for step in 0..want.len() {
+        let next = argmax(&logits);
+        got.push(next);
+        if next != want[step] {
+            let (gap, second) = (
+                top2_logits[step][0] - top2_logits[step][1],
+                top2_ids[step][1],
+            );
+            eprintln!(
+                "{label} greedy leaves the reference at step {step}: ours {next}, \
+                 reference {} (second {second}, gap {gap:.3})",
+                want[step]
+            );
+            assert!(
+                gap < near_tie && next == second,
+                "{label}: greedy continuation differs at step {step} \
+                 (ours {got:?}, reference {want:?})"
+            );
+            break;
+        }
+        logits = session.step(&[next]).expect("decode");
+    }
+    eprintln!(
+        "{label} greedy: {} of {} tokens on the reference's path",
+        got.iter().zip(&want).take_while(|(a, b)| a == b).count(),
+        want.len()
+    );
+    got
+}
+
 /// Assert that two runs gave the same logits bit for bit: `ours[i]` against
 /// `theirs[i]` for every output `i` (`what` names the two runs in the message).
 pub fn assert_bit_identical(ours: &[Vec<f32>], theirs: &[Vec<f32>], what: &str) {
@@ -358,62 +410,4 @@ pub fn assert_bit_identical(ours: &[Vec<f32>], theirs: &[Vec<f32>], what: &str) 
             .count();
         assert_eq!(differ, 0, "{what}: output {i}: {differ} logits differ");
     }
-}
-
-/// Greedy decoding (prefill, then one token per step) against the
-/// reference's continuation in `fixture.json["greedy"]`: equal token for
-/// token, except that it may leave the reference's path at a near-tie
-/// (reference top-2 gap < `near_tie`) by taking the reference's second
-/// choice; the comparison stops there, since the paths then differ.
-pub fn greedy_on_reference_path(
-    model: &mut Model,
-    fixture: &LogitFixture,
-    label: &str,
-    near_tie: f32,
-) {
-    let greedy = &fixture.json["greedy"];
-    let prompt = ids(&greedy["prompt_tokens"]);
-    let want = ids(&greedy["tokens"]);
-    let top2_ids: Vec<Vec<u32>> = greedy["top2_ids"]
-        .as_array()
-        .expect("top2_ids")
-        .iter()
-        .map(ids)
-        .collect();
-    let top2_logits: Vec<Vec<f32>> = greedy["top2_logits"]
-        .as_array()
-        .expect("top2_logits")
-        .iter()
-        .map(floats)
-        .collect();
-    assert_eq!(top2_ids.len(), want.len());
-    let mut session = model.session();
-    let mut logits = session.step(&prompt).expect("prefill");
-    let mut got = Vec::with_capacity(want.len());
-    for step in 0..want.len() {
-        let next = argmax(&logits);
-        got.push(next);
-        if next != want[step] {
-            // Leaving the reference's path is allowed only at a near-tie,
-            // onto the reference's second choice.
-            let gap = top2_logits[step][0] - top2_logits[step][1];
-            eprintln!(
-                "{label} greedy leaves the reference at step {step}: ours {next}, \
-                 reference {} (second {}, gap {gap:.3})",
-                want[step], top2_ids[step][1]
-            );
-            assert!(
-                gap < near_tie && next == top2_ids[step][1],
-                "{label}: greedy continuation differs at step {step} \
-                 (ours {got:?}, reference {want:?})"
-            );
-            break;
-        }
-        logits = session.step(&[next]).expect("decode");
-    }
-    eprintln!(
-        "{label} greedy: {} of {} tokens on the reference's path",
-        got.iter().zip(&want).take_while(|(a, b)| a == b).count(),
-        want.len()
-    );
 }

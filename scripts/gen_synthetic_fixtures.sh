@@ -1,36 +1,47 @@
 #!/usr/bin/env bash
-# Reference fixtures for the synthetic Qwen3.5 checkpoints (tests/qwen35.rs).
+# Reference fixtures for the synthetic checkpoints of a family
+# (qwen35: tests/qwen35.rs; gptoss: tests/gptoss.rs, both in flatrun-runtime).
 #
-# Regenerates the synthetic GGUFs (scripts/gen_synthetic_qwen35.py), then with
-# the reference llama.cpp CLI:
+# Regenerates the family's synthetic GGUFs (scripts/gen_synthetic_<family>.py),
+# then with the reference llama.cpp CLI:
 #   * `oracle logits FILE --prompt P --top 10` for each prompt: teacher-forced
 #     top-10 logits at every position;
 #   * `oracle generate FILE --prompt P --n 24`: a greedy continuation, and
 #     `oracle logits FILE --tokens <prompt + continuation> --top 2`: the
 #     reference's top-2 at each greedy step (to tell a near-tie from an error).
 # and writes one compact JSON per file to
-# crates/flatrun-runtime/tests/fixtures/qwen35/<file>.logits.json:
+# crates/flatrun-runtime/tests/fixtures/<family>/<file>.logits.json:
 #   { "file", "sha256", "generator", "command",
 #     "teacher_forced": [ { "prompt", "tokens", "top_ids": [[10 ids]...], "top_logits": [[10]...] } ],
 #     "greedy": { "prompt", "prompt_tokens", "tokens", "top2_ids": [[2 ids] per step], "top2_logits": [[2]...] } }
 # plus manifest.json (file -> sha256) that the test checks the regenerated files against.
 #
-# Usage: ORACLE=/path/to/oracle scripts/gen_qwen35_fixtures.sh
+# Usage: ORACLE=/path/to/oracle scripts/gen_synthetic_fixtures.sh qwen35|gptoss|moe
 # (a development tool: the oracle is not available in CI; the fixtures are committed).
-# GENERATOR, FIXTURES (a directory under tests/fixtures) and FILES select
-# other synthetic sets (scripts/gen_moe_fixtures.sh).
+# `moe` is every family of scripts/gen_synthetic_moe.py, into tests/fixtures/moe.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 PY="${FLATRUN_PYTHON:-$HOME/.cache/flatrun/venv/bin/python}"
 ORACLE="${ORACLE:?set ORACLE to the reference oracle CLI}"
 SYN="${FLATRUN_SYNTHETIC:-$HOME/.cache/flatrun/synthetic}"
-GENERATOR="${GENERATOR:-gen_synthetic_qwen35.py}"
-OUT="$ROOT/crates/flatrun-runtime/tests/fixtures/${FIXTURES:-qwen35}"
-read -r -a FILES <<< "${FILES:-qwen35-synth-f16 qwen35-synth-q8_0}"
+FAMILY="${1:?usage: gen_synthetic_fixtures.sh qwen35|gptoss|moe}"
+case "$FAMILY" in
+  qwen35) FILES=(qwen35-synth-f16 qwen35-synth-q8_0) ;;
+  gptoss) FILES=(gptoss-synth-mxfp4) ;;
+  moe)
+    FILES=()
+    for family in qwen3moe mixtral olmoe qwen2moe qwen35moe; do
+      FILES+=("$family-synth-f16" "$family-synth-q8_0")
+    done
+    ;;
+  *) echo "unknown family $FAMILY (qwen35, gptoss, moe)" >&2; exit 2 ;;
+esac
+GENERATOR="scripts/gen_synthetic_$FAMILY.py"
+OUT="$ROOT/crates/flatrun-runtime/tests/fixtures/$FAMILY"
 mkdir -p "$OUT"
 
 if [ "${SKIP_GENERATE:-0}" != 1 ]; then
-  "$PY" "$ROOT/scripts/$GENERATOR" --out "$SYN"
+  "$PY" "$ROOT/$GENERATOR" --out "$SYN"
 fi
 
 PROMPTS=(
@@ -52,10 +63,9 @@ for f in "${FILES[@]}"; do
   "$ORACLE" generate "$model" --prompt "$GREEDY_PROMPT" --n "$GREEDY_N" > "$tmp/greedy.json" 2>/dev/null
   all_ids="$("$PY" -c 'import json,sys; g=json.load(open(sys.argv[1])); print(",".join(map(str, g["prompt_tokens"] + g["tokens"])))' "$tmp/greedy.json")"
   "$ORACLE" logits "$model" --tokens "$all_ids" --top 2 > "$tmp/greedy_top2.json" 2>/dev/null
-  "$PY" - "$model" "$OUT/$f.logits.json" "$tmp" "${#PROMPTS[@]}" "$GREEDY_N" "$GENERATOR" "${FIXTURE_SCRIPT:-$(basename "$0")}" <<'PYEOF'
+  "$PY" - "$model" "$OUT/$f.logits.json" "$tmp" "${#PROMPTS[@]}" "$GREEDY_N" "$GENERATOR" "$FAMILY" <<'PYEOF'
 import hashlib, json, sys
-model, out, tmp, n, greedy_n = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-generator, script = sys.argv[6], sys.argv[7]
+model, out, tmp, n, greedy_n, generator = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]
 cases = []
 for i in range(n):
     prompt = open(f"{tmp}/prompt{i}.txt").read()
@@ -73,8 +83,8 @@ name = model.rsplit("/", 1)[-1]
 doc = {
     "file": name,
     "sha256": hashlib.sha256(open(model, "rb").read()).hexdigest(),
-    "generator": "scripts/" + generator,
-    "command": "scripts/" + script + ": oracle logits " + name + " --prompt <prompt> --top 10; oracle generate "
+    "generator": generator,
+    "command": "scripts/gen_synthetic_fixtures.sh " + sys.argv[7] + ": oracle logits " + name + " --prompt <prompt> --top 10; oracle generate "
                + name + f" --prompt <greedy prompt> --n {greedy_n} (llama-cpp-python 0.3.36 vendored llama.cpp)",
     "teacher_forced": cases,
     "greedy": {"prompt": open(f"{tmp}/greedy_prompt.txt").read(), "prompt_tokens": g["prompt_tokens"], "tokens": g["tokens"],
