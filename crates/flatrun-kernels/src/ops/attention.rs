@@ -220,7 +220,7 @@ fn block_dot(kind: &KvSlice, k: &[u8], q: &[BlockQ8]) -> f32 {
 /// the running output and sum are scaled by `exp(M_old − M)`, otherwise the
 /// key's weight is `exp(s − M)`), values decoded a row at a time and added
 /// with fused multiply-adds — into f32, or into f16 for an f16 value cache —
-/// and the output divided by the sum at the end.
+/// then a sink logit if the head has one, and the output divided by the sum.
 struct OnlineHead<'a, F: Fn(usize) -> usize> {
     k: &'a KvSlice<'a>,
     v: &'a KvSlice<'a>,
@@ -231,6 +231,8 @@ struct OnlineHead<'a, F: Fn(usize) -> usize> {
     /// Offset of slot `j`'s head in the keys and values.
     offset: F,
     cfg: &'a AttnConfig,
+    /// The head's learned sink logit (gpt-oss), joined after the keys.
+    sink: Option<f32>,
 }
 
 impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
@@ -289,6 +291,19 @@ impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
             let values = self.v.row(off, hd, row);
             for (a, &x) in o.iter_mut().zip(values) {
                 *a = round(x.mul_add(vs, *a));
+            }
+            sum = sum.mul_add(ms, vs);
+        }
+        // The sink is one more score with no value (in f32 whatever the values' type).
+        if let Some(sink) = self.sink {
+            let (mut ms, mut vs) = (1f32, 1f32);
+            if sink > max {
+                ms = (max - sink).exp();
+                for a in o.iter_mut() {
+                    *a *= ms;
+                }
+            } else {
+                vs = (sink - max).exp();
             }
             sum = sum.mul_add(ms, vs);
         }
@@ -721,6 +736,7 @@ pub fn attention_with_sinks(
                     q_blocks: qb,
                     offset: |j| j * kv_stride + kvh * hd,
                     cfg,
+                    sink: sinks.and_then(|s| s.get(h)).copied(),
                 };
                 head.run(slots, row, o);
                 return;
