@@ -483,3 +483,182 @@ pub mod dequant {
         }
     }
 }
+
+/// Tool-call parsing of generated text (every syntax, whole and streamed)
+/// and harmony channel splitting: never a panic; every call's arguments are
+/// JSON; the streamed parse releases the same calls as the whole one.
+pub mod tool_calls {
+    use flatrun_model::chat_template::harmony::{HarmonyEvent, HarmonyStream};
+    use flatrun_model::chat_template::tools::{
+        ParsedToolCall, ToolCallStream, ToolStreamEvent, ToolSyntax, parse_tool_calls,
+    };
+
+    const SYNTAXES: [ToolSyntax; 4] = [
+        ToolSyntax::Hermes,
+        ToolSyntax::Llama3,
+        ToolSyntax::Mistral,
+        ToolSyntax::Harmony,
+    ];
+
+    fn check_arguments(call: &ParsedToolCall) {
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok(),
+            "arguments are not JSON: {:?}",
+            call.arguments
+        );
+    }
+
+    /// `text` cut into pieces of `step` bytes, each ending on a char boundary.
+    fn pieces(text: &str, step: usize) -> Vec<&str> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        while start < text.len() {
+            let mut end = (start + step).min(text.len());
+            while !text.is_char_boundary(end) {
+                end += 1;
+            }
+            out.push(&text[start..end]);
+            start = end;
+        }
+        out
+    }
+
+    pub fn run(data: &[u8]) {
+        let [selector, step, rest @ ..] = data else {
+            return;
+        };
+        let syntax = SYNTAXES[*selector as usize % SYNTAXES.len()];
+        let text = String::from_utf8_lossy(rest);
+        let whole = parse_tool_calls(syntax, &text);
+        whole.tool_calls.iter().for_each(check_arguments);
+
+        let mut stream = ToolCallStream::new(syntax);
+        let mut streamed = Vec::new();
+        let step = 1 + *step as usize % 16;
+        for piece in pieces(&text, step) {
+            streamed.extend(stream.push(piece));
+        }
+        streamed.extend(stream.finish());
+        let calls: Vec<ParsedToolCall> = streamed
+            .into_iter()
+            .filter_map(|e| match e {
+                ToolStreamEvent::Call(c) => Some(c),
+                ToolStreamEvent::Content(_) => None,
+            })
+            .collect();
+        calls.iter().for_each(check_arguments);
+        assert_eq!(
+            calls.len(),
+            whole.tool_calls.len(),
+            "streamed and whole parses disagree on the calls"
+        );
+
+        let mut harmony = HarmonyStream::new();
+        let mut events = Vec::new();
+        for piece in pieces(&text, step) {
+            events.extend(harmony.push(piece));
+        }
+        events.extend(harmony.finish());
+        for event in &events {
+            if let HarmonyEvent::ToolCall(call) = event {
+                check_arguments(call);
+            }
+        }
+    }
+}
+
+/// Structured output: hostile JSON schemas, regexes and Lark grammars
+/// compiled for a small byte vocabulary, then walked token by token along
+/// the mask. Never a panic; compiling either works or is an error; a token
+/// the mask allows is always accepted.
+pub mod grammar {
+    use flatrun_model::sampling::{ConstraintFactory, Vocabulary};
+    use flatrun_server::grammar::{Grammar, GrammarSpec};
+    use std::sync::{Arc, OnceLock};
+
+    /// 256 single bytes, some multi-byte pieces, a special token and the end.
+    fn vocabulary() -> Arc<Vocabulary> {
+        static VOCAB: OnceLock<Arc<Vocabulary>> = OnceLock::new();
+        VOCAB
+            .get_or_init(|| {
+                let mut tokens: Vec<Vec<u8>> = (0u8..=255).map(|b| vec![b]).collect();
+                for piece in [
+                    "{\"",
+                    "\":",
+                    "\"}",
+                    "true",
+                    "false",
+                    "null",
+                    "name",
+                    "  ",
+                    "\n",
+                    "[{",
+                    "}]",
+                    "\"a",
+                    "12",
+                    "é",
+                    "\u{1F600}",
+                ] {
+                    tokens.push(piece.as_bytes().to_vec());
+                }
+                tokens.push(vec![Vocabulary::SPECIAL, b'<', b'|', b'>']);
+                let eos = tokens.len() as u32;
+                tokens.push(vec![Vocabulary::SPECIAL, b'e', b'o', b's']);
+                Arc::new(Vocabulary { tokens, eos })
+            })
+            .clone()
+    }
+
+    pub fn run(data: &[u8]) {
+        let [selector, steps, rest @ ..] = data else {
+            return;
+        };
+        // The grammar text, then (after a NUL) the bytes that choose tokens.
+        let split = rest.iter().position(|&b| b == 0).unwrap_or(rest.len());
+        let (text, choices) = (&rest[..split], rest.get(split + 1..).unwrap_or(&[]));
+        let text = String::from_utf8_lossy(text).into_owned();
+        let spec = match selector % 4 {
+            0 => match serde_json::from_str(&text) {
+                Ok(schema) => GrammarSpec::JsonSchema(schema),
+                Err(_) => return,
+            },
+            1 => GrammarSpec::Regex(text),
+            2 => GrammarSpec::Lark(text),
+            _ => GrammarSpec::JsonObject,
+        };
+        let vocab = vocabulary();
+        let Ok(grammar) = Grammar::compile(&spec, &vocab) else {
+            return;
+        };
+        let Ok(mut state) = grammar.start() else {
+            return;
+        };
+        let n = vocab.tokens.len();
+        for i in 0..(*steps as usize % 24) {
+            if state.is_finished() || state.compute_mask().is_err() {
+                return;
+            }
+            let allowed: Vec<u32> = match state.mask() {
+                Some(mask) => (0..n as u32)
+                    .filter(|&t| {
+                        mask.get(t as usize / 32)
+                            .is_some_and(|w| w >> (t % 32) & 1 == 1)
+                    })
+                    .collect(),
+                None => (0..n as u32).collect(),
+            };
+            if allowed.is_empty() {
+                return;
+            }
+            let pick = choices.get(i).copied().unwrap_or(0) as usize;
+            let token = allowed[pick * 7919 % allowed.len()];
+            if token == vocab.eos {
+                return;
+            }
+            assert!(
+                state.accept(token).is_ok(),
+                "token {token} was allowed by the mask but refused"
+            );
+        }
+    }
+}

@@ -62,3 +62,13 @@ fn server_request() {
 fn dequant() {
     replay("dequant", entry::dequant::run);
 }
+
+#[test]
+fn tool_calls() {
+    replay("tool_calls", entry::tool_calls::run);
+}
+
+#[test]
+fn grammar() {
+    replay("grammar", entry::grammar::run);
+}
