@@ -31,7 +31,7 @@ use std::time::Instant;
 #[derive(Debug, clap::Args)]
 pub struct BenchArgs {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Prompt tokens of the prefill test (0 = skip).

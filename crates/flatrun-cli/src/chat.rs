@@ -25,7 +25,7 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct ChatArgs {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Most tokens per answer.

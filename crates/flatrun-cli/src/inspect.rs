@@ -12,7 +12,7 @@ use serde::Serialize;
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
     /// A `.gguf` or `.safetensors` file, a Hugging Face / MLX directory, or
-    /// a pulled OWNER/NAME[:QUANT] from the hub cache.
+    /// a pulled `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(value_parser = crate::hub::model_arg)]
     pub path: PathBuf,
     /// List every tensor (canonical name, original name, dtype, shape, bytes, offset).

@@ -66,7 +66,7 @@ enum Command {
     Pull(pull::PullArgs),
     /// List the models in the Hugging Face Hub cache (name, format, architecture, quant mix, size, path).
     List(models::ListArgs),
-    /// Remove a model (OWNER/NAME[:QUANT]) from the Hugging Face Hub cache.
+    /// Remove a model (`OWNER/NAME[:QUANT]`) from the Hugging Face Hub cache.
     Rm(models::RmArgs),
 }
 

@@ -30,7 +30,7 @@ const DEFAULT_WINDOW: usize = 512;
 #[derive(Debug, clap::Args)]
 pub struct PerplexityArgs {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// The text to score (needs at least 2 × ctx tokens). Not needed with

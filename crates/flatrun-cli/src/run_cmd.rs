@@ -18,7 +18,7 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct RunCommand {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Prompt text [default: read from --prompt-file or standard input].

@@ -16,7 +16,7 @@ use std::sync::Arc;
 #[derive(Debug, clap::Args)]
 pub struct ServeCommand {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     #[command(flatten)]

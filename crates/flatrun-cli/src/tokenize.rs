@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 #[command(group(clap::ArgGroup::new("input").required(true).args(["text", "file"])))]
 pub struct TokenizeArgs {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
-    /// OWNER/NAME[:QUANT] from the hub cache.
+    /// `OWNER/NAME[:QUANT]` from the hub cache.
     #[arg(long, short, value_parser = crate::hub::model_arg)]
     pub model: PathBuf,
     /// Text to tokenize.
