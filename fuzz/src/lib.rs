@@ -484,29 +484,22 @@ pub mod dequant {
     }
 }
 
-/// Tool-call parsing of generated text (every syntax, whole and streamed)
-/// and harmony channel splitting: never a panic; every call's arguments are
-/// JSON; the streamed parse releases the same calls as the whole one.
+/// The server's output parsing (reasoning tags, harmony channels, tool calls
+/// in every syntax) of arbitrary generated text: never a panic, and a stream
+/// cut into pieces anywhere gives the answer that the whole text gives — the
+/// same calls, the same content, the same reasoning — so streamed and
+/// non-streamed responses agree.
 pub mod tool_calls {
-    use flatrun_model::chat_template::harmony::{HarmonyEvent, HarmonyStream};
-    use flatrun_model::chat_template::tools::{
-        ParsedToolCall, ToolCallStream, ToolStreamEvent, ToolSyntax, parse_tool_calls,
-    };
+    use flatrun_model::chat_template::tools::ToolSyntax;
+    use flatrun_server::output::{OutputEvent, OutputParser, ParsedAnswer, parse_answer};
 
-    const SYNTAXES: [ToolSyntax; 4] = [
-        ToolSyntax::Hermes,
-        ToolSyntax::Llama3,
-        ToolSyntax::Mistral,
-        ToolSyntax::Harmony,
+    const SYNTAXES: [Option<ToolSyntax>; 5] = [
+        None,
+        Some(ToolSyntax::Hermes),
+        Some(ToolSyntax::Llama3),
+        Some(ToolSyntax::Mistral),
+        Some(ToolSyntax::Harmony),
     ];
-
-    fn check_arguments(call: &ParsedToolCall) {
-        assert!(
-            serde_json::from_str::<serde_json::Value>(&call.arguments).is_ok(),
-            "arguments are not JSON: {:?}",
-            call.arguments
-        );
-    }
 
     /// `text` cut into pieces of `step` bytes, each ending on a char boundary.
     fn pieces(text: &str, step: usize) -> Vec<&str> {
@@ -528,42 +521,42 @@ pub mod tool_calls {
             return;
         };
         let syntax = SYNTAXES[*selector as usize % SYNTAXES.len()];
+        let reasoning = selector & 0x80 != 0;
         let text = String::from_utf8_lossy(rest);
-        let whole = parse_tool_calls(syntax, &text);
-        whole.tool_calls.iter().for_each(check_arguments);
+        let whole = parse_answer(&text, reasoning, syntax);
 
-        let mut stream = ToolCallStream::new(syntax);
-        let mut streamed = Vec::new();
-        let step = 1 + *step as usize % 16;
-        for piece in pieces(&text, step) {
-            streamed.extend(stream.push(piece));
-        }
-        streamed.extend(stream.finish());
-        let calls: Vec<ParsedToolCall> = streamed
-            .into_iter()
-            .filter_map(|e| match e {
-                ToolStreamEvent::Call(c) => Some(c),
-                ToolStreamEvent::Content(_) => None,
-            })
-            .collect();
-        calls.iter().for_each(check_arguments);
-        assert_eq!(
-            calls.len(),
-            whole.tool_calls.len(),
-            "streamed and whole parses disagree on the calls"
-        );
-
-        let mut harmony = HarmonyStream::new();
+        let mut parser = OutputParser::new(reasoning, syntax);
         let mut events = Vec::new();
-        for piece in pieces(&text, step) {
-            events.extend(harmony.push(piece));
+        for piece in pieces(&text, 1 + *step as usize % 16) {
+            events.extend(parser.push(piece));
         }
-        events.extend(harmony.finish());
-        for event in &events {
-            if let HarmonyEvent::ToolCall(call) = event {
-                check_arguments(call);
+        events.extend(parser.finish());
+        let mut streamed = ParsedAnswer::default();
+        for event in events {
+            match event {
+                OutputEvent::Reasoning(r) => streamed
+                    .reasoning
+                    .get_or_insert_with(String::new)
+                    .push_str(&r),
+                OutputEvent::Content(c) => streamed.content.push_str(&c),
+                OutputEvent::ToolCall(call) => streamed.tool_calls.push(call),
             }
         }
+        if !streamed.tool_calls.is_empty() {
+            streamed.content = streamed.content.trim().to_string();
+        }
+        assert_eq!(
+            streamed.tool_calls, whole.tool_calls,
+            "calls differ when streamed"
+        );
+        assert_eq!(
+            streamed.content, whole.content,
+            "content differs when streamed"
+        );
+        assert_eq!(
+            streamed.reasoning, whole.reasoning,
+            "reasoning differs when streamed"
+        );
     }
 }
 
