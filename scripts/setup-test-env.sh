@@ -83,15 +83,6 @@ if [ ! -f "$template" ]; then
   rm -rf "$tmp"
 fi
 
-# Synthetic dense checkpoints (llama3, qwen3, bonsai): tests/families.rs
-# regenerates them when missing, but flatrun-cli's quantize test, which runs
-# first, reads llama3-synth-f16.gguf as it is, so a fresh machine writes them here.
-synthetic=${FLATRUN_SYNTHETIC:-$cache/synthetic}
-if ! ls "$synthetic"/llama3-synth-f16.gguf "$synthetic"/bonsai-synth-q1_0.gguf >/dev/null 2>&1; then
-  echo "setup: writing the synthetic dense checkpoints into $synthetic" >&2
-  "$venv/bin/python" "$here/scripts/gen_synthetic_models.py" --out "$synthetic" --vocab "$vocab" >&2
-fi
-
 # Synthetic Qwen3.5 checkpoints (crates/flatrun-runtime/tests/qwen35.rs, which
 # also regenerates them when missing or stale; sha256-checked there).
 synthetic=${FLATRUN_SYNTHETIC:-$cache/synthetic}

@@ -3,31 +3,16 @@
 //! scripts/gen_quantize_golden.sh): every tensor's type and bytes, per mix.
 
 mod common;
+// The synthetic llama3 file is the one tests/families.rs checks: the same
+// generator, regenerated when missing or stale, sha256-checked against its manifest.
+#[allow(dead_code)]
+#[path = "../../flatrun-runtime/tests/common/synthetic.rs"]
+mod synthetic;
 
 use common::{flatrun, stderr_of};
 use flatrun_format::{GgufBackend, StorageBackend};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-
-fn synthetic(name: &str) -> Option<PathBuf> {
-    let dir = std::env::var_os("FLATRUN_SYNTHETIC")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
-                .join(".cache/flatrun/synthetic")
-        });
-    let path = dir.join(name);
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var("FLATRUN_REQUIRE_MODELS").as_deref() != Ok("1"),
-        "{} is missing and FLATRUN_REQUIRE_MODELS=1",
-        path.display()
-    );
-    eprintln!("skipping: {} not found", path.display());
-    None
-}
 
 /// The checksum of scripts/gen_quantize_golden.sh.
 fn checksum(bytes: &[u8]) -> u64 {
@@ -40,7 +25,13 @@ fn checksum(bytes: &[u8]) -> u64 {
 #[test]
 #[cfg_attr(debug_assertions, ignore = "release only: quantizes a 40 MB model")]
 fn every_mix_matches_llama_quantize_tensor_for_tensor() {
-    let Some(input) = synthetic("llama3-synth-f16.gguf") else {
+    let families = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../flatrun-runtime/tests/fixtures/families");
+    let Some(input) = synthetic::synthetic_model(
+        "llama3-synth-f16.gguf",
+        &families,
+        "gen_synthetic_models.py",
+    ) else {
         return;
     };
     let golden = std::fs::read_to_string(
