@@ -29,7 +29,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &tokens,
         StepOptions {
             all_logits: true,
-            hidden: false,
+            ..Default::default()
         },
     )?;
     let all = step.all_logits.unwrap_or_default();

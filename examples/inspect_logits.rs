@@ -22,6 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         StepOptions {
             all_logits: true,
             hidden: true,
+            ..Default::default()
         },
     )?;
     let all = out.all_logits.unwrap_or_default();

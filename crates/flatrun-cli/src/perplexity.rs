@@ -255,7 +255,7 @@ fn scored_logits(model: &mut Model, plan: &Plan, i: usize) -> Result<Vec<f32>> {
         &chunk[first..],
         StepOptions {
             all_logits: true,
-            hidden: false,
+            ..Default::default()
         },
     )?;
     let mut all = out

@@ -54,7 +54,7 @@ pub fn dump_logits(req: DumpRequest<'_>) -> Result<()> {
         &prompt,
         StepOptions {
             all_logits: true,
-            hidden: false,
+            ..Default::default()
         },
     )?;
     if let Some(all) = out.all_logits.take() {

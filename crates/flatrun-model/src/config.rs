@@ -76,6 +76,8 @@ pub struct ModelConfig {
     /// The routed experts of a mixture-of-experts model; `None` for dense
     /// FFNs.
     pub moe: Option<crate::arch::moe::MoeConfig>,
+    /// How embeddings pool the final hidden states.
+    pub pooling: crate::pooling::Pooling,
 }
 
 impl ModelConfig {

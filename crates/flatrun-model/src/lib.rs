@@ -6,11 +6,13 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod manifest;
+pub mod pooling;
 pub use arch::{Architecture, Role, architecture};
 pub use checkpoint::Checkpoint;
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
 pub use manifest::Manifest;
+pub use pooling::Pooling;
 
 pub mod chat_template;
 pub mod sampling;

@@ -34,6 +34,10 @@ pub enum RuntimeError {
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     BadToken { id: u32, vocab: usize },
+    /// Embeddings asked of a model whose `pooling_type` gives no sequence
+    /// vector (`none`: one per token; `rank`: a reranker's score).
+    #[error("the model's pooling type is `{0}`: it gives no sequence embedding")]
+    Pooling(&'static str),
     /// A step with no tokens.
     #[error("a step needs at least one token")]
     EmptyStep,

@@ -133,6 +133,10 @@ pub struct StepOptions {
     pub all_logits: bool,
     /// The final-normed hidden state of the last position.
     pub hidden: bool,
+    /// The final-normed hidden state of every position of the step.
+    pub all_hidden: bool,
+    /// Skip the output head: no logits at all (an embedding pass).
+    pub no_logits: bool,
 }
 
 /// The result of a step for one sequence.
@@ -144,6 +148,9 @@ pub struct StepOutput {
     pub all_logits: Option<Vec<f32>>,
     /// With [`StepOptions::hidden`]: the last position's final-normed hidden state.
     pub hidden: Option<Vec<f32>>,
+    /// With [`StepOptions::all_hidden`]: `n_tokens × n_embd` final-normed
+    /// hidden states.
+    pub all_hidden: Option<Vec<f32>>,
 }
 
 /// The matrices of each manifest layer (role, canonical name), in the
@@ -604,7 +611,11 @@ impl StreamingExecutor {
         let mut outputs: Vec<StepOutput> = batch
             .iter()
             .map(|(_, t)| StepOutput {
-                all_logits: opts.all_logits.then(|| Vec::with_capacity(t.len() * vocab)),
+                all_logits: (opts.all_logits && !opts.no_logits)
+                    .then(|| Vec::with_capacity(t.len() * vocab)),
+                all_hidden: opts
+                    .all_hidden
+                    .then(|| Vec::with_capacity(t.len() * self.cfg.n_embd)),
                 ..StepOutput::default()
             })
             .collect();
@@ -842,7 +853,7 @@ impl StreamingExecutor {
             let finished = r.end == batch[*s].1.len();
             for (j, row) in rr.clone().enumerate() {
                 let last = finished && j + 1 == rr.len();
-                if opts.all_logits || last {
+                if opts.all_logits || opts.all_hidden || last {
                     wanted.push((row, *s, last));
                 }
             }
@@ -865,6 +876,37 @@ impl StreamingExecutor {
             );
         }
         self.profiler.record_other("output_norm", t_norm.elapsed());
+        for (i, (_, s, last)) in wanted.iter().enumerate() {
+            let state = &normed[i * d..(i + 1) * d];
+            let out = &mut outputs[*s];
+            if let Some(all) = out.all_hidden.as_mut() {
+                all.extend_from_slice(state);
+            }
+            if *last && opts.hidden {
+                out.hidden = Some(state.to_vec());
+            }
+        }
+        if opts.no_logits {
+            self.buffers = buf;
+            return Ok(());
+        }
+        if opts.all_hidden && !opts.all_logits {
+            // Only the last rows go on through the head.
+            let mut kept = 0;
+            for i in 0..wanted.len() {
+                if wanted[i].2 {
+                    normed.copy_within(i * d..(i + 1) * d, kept * d);
+                    wanted[kept] = wanted[i];
+                    kept += 1;
+                }
+            }
+            wanted.truncate(kept);
+            normed.truncate(kept * d);
+            if wanted.is_empty() {
+                self.buffers = buf;
+                return Ok(());
+            }
+        }
         // logits = x · Woutᵀ (streamed in row chunks unless the head is kept)
         let logits = &mut buf.logits;
         self.output_head(normed, wanted.len(), logits, &mut buf.head_part)?;
@@ -877,9 +919,6 @@ impl StreamingExecutor {
             }
             if *last {
                 out.logits = row.to_vec();
-                if opts.hidden {
-                    out.hidden = Some(normed[i * d..(i + 1) * d].to_vec());
-                }
             }
         }
         self.buffers = buf;

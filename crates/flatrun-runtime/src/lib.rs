@@ -29,6 +29,7 @@
 //! ([`StreamingExecutor::step_batch`]).
 
 mod error;
+mod evaluate;
 mod executor;
 mod generate;
 mod kv_cache;

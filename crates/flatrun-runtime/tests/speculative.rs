@@ -380,7 +380,7 @@ fn verification_logits_equal_one_token_steps() {
                     &mut [(&mut many, extra)],
                     flatrun_runtime::StepOptions {
                         all_logits: true,
-                        hidden: false,
+                        ..Default::default()
                     },
                 )
                 .expect("verify")

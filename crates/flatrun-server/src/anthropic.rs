@@ -24,9 +24,9 @@ use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
 use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
 use crate::overflow;
 use crate::request_body::{RawBody, parse_json};
-use crate::request_fields::{ExtraSampling, check_stop, compile, forced_call_grammar};
+use crate::request_fields::{ExtraSampling, check_stop, compile};
 use crate::state::{AppState, random_id};
-use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
+use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
 use flatrun_model::sampling::FinishReason;
@@ -187,7 +187,6 @@ fn tool_set(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<ToolSet,
             parameters: schema.clone(),
         });
     }
-    check_unique(FLAVOR, &defs)?;
     let mut parallel = true;
     let choice = match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
@@ -207,12 +206,6 @@ fn tool_set(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<ToolSet,
                             "tool_choice.name: Field required",
                         ));
                     };
-                    if !defs.iter().any(|t| t.name == name) {
-                        return Err(ApiError::invalid(
-                            FLAVOR,
-                            format!("tool_choice.name: `{name}` is not one of the tools"),
-                        ));
-                    }
                     ToolChoice::Named(name.to_string())
                 }
                 _ => {
@@ -224,17 +217,7 @@ fn tool_set(tools: Option<Vec<Value>>, choice: Option<Value>) -> Result<ToolSet,
             }
         }
     };
-    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && defs.is_empty() {
-        return Err(ApiError::invalid(
-            FLAVOR,
-            "tool_choice requires a tool call, but tools is empty",
-        ));
-    }
-    Ok(ToolSet {
-        tools: defs,
-        choice,
-        parallel,
-    })
+    ToolSet::new(FLAVOR, defs, choice, parallel)
 }
 
 /// The conversation as chat-template turns, the system prompt first;
@@ -425,13 +408,9 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     let overflow = (state.config.context_overflow, room);
     let prompt = encode(engine.as_ref(), &turns, &tools, overflow)?;
     let syntax = engine.tool_syntax().filter(|_| tools.active());
-    let forced = tools.forced();
-    let constraint = match syntax {
-        Some(syntax) if !forced.is_empty() => {
-            let spec = forced_call_grammar(syntax, &forced, tools.parallel);
-            Some(compile(FLAVOR, engine.as_ref(), &spec, "tool_choice")?)
-        }
-        _ => None,
+    let constraint = match tools.forced_grammar(syntax) {
+        Some(spec) => Some(compile(FLAVOR, engine.as_ref(), &spec, "tool_choice")?),
+        None => None,
     };
     let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop_sequences.unwrap_or_default();

@@ -38,7 +38,7 @@ use std::sync::Arc;
 
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
-use flatrun_model::sampling::Vocabulary;
+use flatrun_model::sampling::{TokenLogprobs, Vocabulary};
 use flatrun_model::tokenizer::StreamDecoder;
 
 /// Identifies a sequence (a KV cache) inside a [`BatchModel`].
@@ -161,10 +161,22 @@ pub trait BatchModel: Send + 'static {
         let _ = seq;
         0
     }
-    /// The final-normed hidden state of every position of `tokens` run as a
-    /// fresh sequence (for embeddings); `None` when the model cannot.
-    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
-        let _ = tokens;
+    /// One L2-normalized embedding per input, pooled as the model says
+    /// (every input run as a fresh sequence, together through the layers);
+    /// `None` when the model cannot.
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let _ = inputs;
+        None
+    }
+    /// Teacher-forced log-probabilities of `tokens[1..]` with the `top`
+    /// most likely tokens at each position (a fresh sequence); `None` when
+    /// the model cannot.
+    fn score(
+        &mut self,
+        tokens: &[u32],
+        top: usize,
+    ) -> Option<Result<Vec<TokenLogprobs>, ModelError>> {
+        let _ = (tokens, top);
         None
     }
     /// Weight residency, if the model tracks it.

@@ -66,22 +66,12 @@ impl Default for GenerationRequest {
     }
 }
 
-/// Where an embedding arrives ([`Engine::embed`]).
-pub type EmbeddingReceiver = tokio::sync::oneshot::Receiver<Result<Vec<f32>, EngineError>>;
+/// Where the embeddings of one request arrive ([`Engine::embed`]), one
+/// per input.
+pub type EmbeddingReceiver = tokio::sync::oneshot::Receiver<Result<Vec<Vec<f32>>, EngineError>>;
 
-/// Mean of `states`, L2-normalized (a zero vector stays zero).
-pub fn mean_pool_normalized(states: &[Vec<f32>]) -> Vec<f32> {
-    let dim = states.first().map_or(0, Vec::len);
-    let mut pooled = vec![0.0f64; dim];
-    for state in states {
-        for (p, &x) in pooled.iter_mut().zip(state) {
-            *p += x as f64;
-        }
-    }
-    let norm = pooled.iter().map(|x| x * x).sum::<f64>().sqrt();
-    let scale = if norm > 0.0 { 1.0 / norm } else { 0.0 };
-    pooled.iter().map(|&x| (x * scale) as f32).collect()
-}
+/// Where a prompt's log-probabilities arrive ([`Engine::score`]).
+pub type ScoreReceiver = tokio::sync::oneshot::Receiver<Result<Vec<TokenLogprobs>, EngineError>>;
 
 /// Token counts of one finished generation.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -283,6 +273,13 @@ pub struct EngineStats {
     /// Requests that reused a shared prefix's KV, and requests that looked.
     pub prefix_hits_total: u64,
     pub prefix_lookups_total: u64,
+    /// Grammar masks computed (one per constrained sequence per step).
+    pub grammar_masks_total: u64,
+    /// Time spent computing them, on threads beside the layers.
+    pub grammar_mask_seconds_total: f64,
+    /// Time steps waited for masks after the layers were done (what the
+    /// masks cost the decode).
+    pub grammar_wait_seconds_total: f64,
     /// Prompt tokens not computed thanks to prefix reuse.
     pub prefix_reused_tokens_total: u64,
     /// Finished sequences kept for reuse, and their KV bytes.
@@ -383,13 +380,24 @@ pub trait Engine: Send + Sync + 'static {
     fn vocabulary(&self) -> Option<Arc<Vocabulary>> {
         None
     }
-    /// The embedding of `tokens`: the model's final hidden states, mean
-    /// pooled and L2-normalized, computed between generation steps. The
-    /// receiver gets the vector or why there is none.
-    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
-        let _ = tokens;
+    /// The embeddings of `inputs`: the model's final hidden states, pooled
+    /// as the model says (mean by default) and L2-normalized, computed
+    /// between generation steps with every input in one batch. The
+    /// receiver gets one vector per input or why there are none.
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbeddingReceiver, EngineError> {
+        let _ = inputs;
         Err(EngineError::InvalidRequest(
             "this model does not serve embeddings".to_string(),
+        ))
+    }
+    /// Teacher-forced log-probabilities of `tokens[1..]` (each with the
+    /// `top` most likely tokens at its position), computed between
+    /// generation steps: the prompt part of completions' `echo` with
+    /// `logprobs`.
+    fn score(&self, tokens: Vec<u32>, top: usize) -> Result<ScoreReceiver, EngineError> {
+        let _ = (tokens, top);
+        Err(EngineError::InvalidRequest(
+            "this model does not score prompts".to_string(),
         ))
     }
     /// Starts a generation, or refuses it at once (queue full, too long).

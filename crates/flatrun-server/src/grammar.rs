@@ -44,19 +44,25 @@ impl GrammarSpec {
     }
 }
 
-/// Parser factories by vocabulary (a server holds one model, so this stays
-/// one entry long).
+/// The most vocabularies whose parser factories are kept (one per model
+/// a server holds, models of one family sharing theirs).
+const MAX_FACTORIES: usize = 8;
+
+/// Parser factories by vocabulary, the most recently used last.
 static FACTORIES: Mutex<Vec<(Arc<Vocabulary>, Arc<ParserFactory>)>> = Mutex::new(Vec::new());
 
 fn factory(vocabulary: &Arc<Vocabulary>) -> Result<Arc<ParserFactory>, String> {
     let mut cache = FACTORIES
         .lock()
         .map_err(|_| "grammar cache poisoned".to_string())?;
-    if let Some((_, f)) = cache
+    if let Some(at) = cache
         .iter()
-        .find(|(v, _)| Arc::ptr_eq(v, vocabulary) || **v == **vocabulary)
+        .position(|(v, _)| Arc::ptr_eq(v, vocabulary) || **v == **vocabulary)
     {
-        return Ok(f.clone());
+        let entry = cache.remove(at);
+        let f = entry.1.clone();
+        cache.push(entry);
+        return Ok(f);
     }
     let info = TokRxInfo::new(vocabulary.tokens.len() as u32, vocabulary.eos);
     let trie = TokTrie::from(&info, &vocabulary.tokens);
@@ -64,7 +70,9 @@ fn factory(vocabulary: &Arc<Vocabulary>) -> Result<Arc<ParserFactory>, String> {
     let mut factory = ParserFactory::new_simple(&env).map_err(|e| e.to_string())?;
     factory.quiet();
     let factory = Arc::new(factory);
-    cache.clear();
+    if cache.len() >= MAX_FACTORIES {
+        cache.remove(0);
+    }
     cache.push((vocabulary.clone(), factory.clone()));
     Ok(factory)
 }

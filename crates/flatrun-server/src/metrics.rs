@@ -135,6 +135,24 @@ impl Metrics {
             "Requests waiting for a sequence slot.",
             &plain(stats.queued_requests.to_string()),
         );
+        metric(
+            "flatrun_grammar_masks_total",
+            "counter",
+            "Grammar masks computed (one per constrained sequence per step).",
+            &plain(stats.grammar_masks_total.to_string()),
+        );
+        metric(
+            "flatrun_grammar_mask_seconds_total",
+            "counter",
+            "Time computing grammar masks, on threads beside the layers.",
+            &plain(format!("{:.6}", stats.grammar_mask_seconds_total)),
+        );
+        metric(
+            "flatrun_grammar_wait_seconds_total",
+            "counter",
+            "Time steps waited for grammar masks after the layers had run.",
+            &plain(format!("{:.6}", stats.grammar_wait_seconds_total)),
+        );
         for (name, kind, help, value) in [
             (
                 "flatrun_prefix_cache_lookups_total",

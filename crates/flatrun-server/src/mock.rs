@@ -40,9 +40,10 @@ use crate::batch_model::{
     BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
 };
 use crate::scheduler::{BatchEngine, SchedulerConfig};
+use flatrun_model::Pooling;
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
-use flatrun_model::sampling::Vocabulary;
+use flatrun_model::sampling::{TokenLogprobs, Vocabulary, token_logprobs};
 
 /// Beginning-of-sequence token of the mock vocabulary.
 pub const BOS: u32 = 256;
@@ -293,16 +294,34 @@ impl BatchModel for MockModel {
         Ok(id)
     }
 
-    /// Eight pseudo-random values per position, from the token and position.
-    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+    /// Mean pooled hidden states of eight pseudo-random values per
+    /// position, from the token and position.
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        let pooled = inputs.iter().map(|tokens| {
+            let states: Vec<f32> = tokens
+                .iter()
+                .enumerate()
+                .flat_map(|(p, &t)| {
+                    (0..8).map(move |k| noise(u64::from(t) * 8 + k, p as u64) - 0.5)
+                })
+                .collect();
+            Pooling::Mean
+                .pool(&states, 8)
+                .ok_or_else(|| ModelError("empty input".into()))
+        });
+        Some(pooled.collect())
+    }
+
+    /// The logits the mock gives at each position of a fresh sequence.
+    fn score(
+        &mut self,
+        tokens: &[u32],
+        top: usize,
+    ) -> Option<Result<Vec<TokenLogprobs>, ModelError>> {
         Some(Ok(tokens
-            .iter()
+            .windows(2)
             .enumerate()
-            .map(|(p, &t)| {
-                (0..8)
-                    .map(|k| noise(u64::from(t) * 8 + k, p as u64) - 0.5)
-                    .collect()
-            })
+            .map(|(p, pair)| token_logprobs(&self.logits(0, p + 1), pair[1], top))
             .collect()))
     }
 

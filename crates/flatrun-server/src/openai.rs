@@ -25,11 +25,9 @@ use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_
 use crate::overflow;
 use crate::prefix_cache::common_prefix;
 use crate::request_body::{RawBody, parse_json};
-use crate::request_fields::{
-    ExtraSampling, check_stop, compile, forced_call_grammar, response_format_grammar,
-};
+use crate::request_fields::{ExtraSampling, check_stop, compile, response_format_grammar};
 use crate::state::{AppState, random_id, unix_time};
-use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema, check_unique};
+use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ParsedToolCall;
 use flatrun_model::sampling::{FinishReason, TokenLogprobs};
@@ -285,7 +283,6 @@ fn tool_set(
             parameters,
         });
     }
-    check_unique(FLAVOR, &defs)?;
     let choice = match choice {
         None | Some(Value::Null) => ToolChoice::Auto,
         Some(Value::String(s)) => match s.as_str() {
@@ -319,25 +316,7 @@ fn tool_set(
             }
         }
     };
-    if let ToolChoice::Named(name) = &choice
-        && !defs.iter().any(|t| &t.name == name)
-    {
-        return Err(ApiError::invalid(
-            FLAVOR,
-            format!("tool_choice names the function `{name}`, which is not in tools"),
-        ));
-    }
-    if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && defs.is_empty() {
-        return Err(ApiError::invalid(
-            FLAVOR,
-            "tool_choice requires a tool call, but tools is empty",
-        ));
-    }
-    Ok(ToolSet {
-        tools: defs,
-        choice,
-        parallel: parallel.unwrap_or(true),
-    })
+    ToolSet::new(FLAVOR, defs, choice, parallel.unwrap_or(true))
 }
 
 /// Text of a message's content (text parts only).
@@ -517,8 +496,16 @@ struct ChoiceSettings {
     tools: Option<flatrun_model::chat_template::tools::ToolSyntax>,
     parallel: bool,
     logprobs: bool,
-    /// Completions: the prompt text to put before the answer.
-    echo: Option<String>,
+    /// Completions: the prompt to put before the answer.
+    echo: Option<Echo>,
+}
+
+/// Completions' `echo`: the prompt's text, and with `logprobs` its tokens'
+/// log-probabilities (the legacy object, the first token's `null`).
+#[derive(Clone)]
+struct Echo {
+    text: String,
+    logprobs: Option<Value>,
 }
 
 /// Submits `n` generations of one prompt (seeds `seed`, `seed + 1`, …).
@@ -615,11 +602,7 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
     )
     .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
     // The grammar: a forced call, else the response format, else the extensions.
-    let forced = tools.forced();
-    let forced_grammar = match (syntax, forced.is_empty()) {
-        (Some(syntax), false) => Some(forced_call_grammar(syntax, &forced, tools.parallel)),
-        _ => None,
-    };
+    let forced_grammar = tools.forced_grammar(syntax);
     let format_grammar = match &request.response_format {
         Some(format) => response_format_grammar(FLAVOR, format)?,
         None => None,
@@ -718,12 +701,17 @@ fn choice_json(
     c: &Collected,
 ) -> Value {
     if !settings.chat {
-        let mut text = settings.echo.clone().unwrap_or_default();
+        let echo = settings.echo.as_ref();
+        let mut text = echo.map(|e| e.text.clone()).unwrap_or_default();
         let offset = text.len();
         text.push_str(&c.text);
-        let logprobs = settings
-            .logprobs
-            .then(|| legacy_logprobs(engine, &c.logprobs, offset));
+        let logprobs = settings.logprobs.then(|| {
+            let (answer, _) = legacy_logprobs(engine, &c.logprobs, offset);
+            match echo.and_then(|e| e.logprobs.clone()) {
+                Some(prompt) => join_legacy_logprobs(prompt, answer),
+                None => answer,
+            }
+        });
         return json!({
             "index": index,
             "text": text,
@@ -759,8 +747,23 @@ fn choice_json(
     })
 }
 
-/// The completions endpoint's `logprobs` object.
-fn legacy_logprobs(engine: &dyn Engine, tokens: &[TokenLogprobs], mut offset: usize) -> Value {
+/// The completions endpoint's `logprobs` object for `tokens` whose text
+/// starts at byte `offset`, and the offset after them. Special tokens (a
+/// BOS the tokenizer added, an end token) take no room in the text.
+fn legacy_logprobs(
+    engine: &dyn Engine,
+    tokens: &[TokenLogprobs],
+    mut offset: usize,
+) -> (Value, usize) {
+    let vocabulary = engine.vocabulary();
+    let special = |id: u32| {
+        vocabulary
+            .as_ref()
+            .and_then(|v| v.tokens.get(id as usize))
+            .is_some_and(|piece| {
+                piece.first() == Some(&flatrun_model::sampling::Vocabulary::SPECIAL)
+            })
+    };
     let mut texts = Vec::new();
     let mut logprobs = Vec::new();
     let mut tops = Vec::new();
@@ -769,7 +772,9 @@ fn legacy_logprobs(engine: &dyn Engine, tokens: &[TokenLogprobs], mut offset: us
         let entry = logprob_entry(engine, lp);
         let text = entry["token"].as_str().unwrap_or_default().to_string();
         offsets.push(offset);
-        offset += text.len();
+        if !special(lp.token) {
+            offset += text.len();
+        }
         let mut top = Map::new();
         for alt in entry["top_logprobs"].as_array().into_iter().flatten() {
             top.insert(
@@ -781,7 +786,35 @@ fn legacy_logprobs(engine: &dyn Engine, tokens: &[TokenLogprobs], mut offset: us
         logprobs.push(entry["logprob"].clone());
         tops.push(Value::Object(top));
     }
-    json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
+    let value = json!({"tokens": texts, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets});
+    (value, offset)
+}
+
+/// The legacy `logprobs` object of a prompt: every token, the first with
+/// `null` (no context scores it), the rest from `scored`.
+fn prompt_logprobs(engine: &dyn Engine, prompt: &[u32], scored: &[TokenLogprobs]) -> Value {
+    let first = prompt.first().map(|&token| TokenLogprobs {
+        token,
+        logprob: 0.0,
+        top: Vec::new(),
+    });
+    let all: Vec<TokenLogprobs> = first.into_iter().chain(scored.iter().cloned()).collect();
+    let (mut value, _) = legacy_logprobs(engine, &all, 0);
+    if !all.is_empty() {
+        value["token_logprobs"][0] = Value::Null;
+        value["top_logprobs"][0] = Value::Null;
+    }
+    value
+}
+
+/// `prompt`'s legacy logprobs arrays followed by `answer`'s.
+fn join_legacy_logprobs(mut prompt: Value, answer: Value) -> Value {
+    for key in ["tokens", "token_logprobs", "top_logprobs", "text_offset"] {
+        if let (Some(head), Some(tail)) = (prompt[key].as_array_mut(), answer[key].as_array()) {
+            head.extend(tail.iter().cloned());
+        }
+    }
+    prompt
 }
 
 /// `POST /v1/completions`.
@@ -816,12 +849,6 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         k => k.map(|k| k as usize),
     };
     let echo = request.echo.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(unsupported(
-            "echo with logprobs",
-            "log-probabilities of the prompt's tokens are not computed",
-        ));
-    }
     let prompt_text = match request.prompt {
         PromptField::One(text) => text,
         PromptField::Many(mut texts) if texts.len() == 1 => texts.remove(0),
@@ -848,7 +875,45 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     // OpenAI's legacy default is 16 tokens.
-    let max_tokens = Some(request.max_tokens.unwrap_or(16));
+    let max_tokens = request.max_tokens.unwrap_or(16);
+    // With echo, the prompt's own log-probabilities (evaluation harnesses
+    // score texts this way, with max_tokens 0).
+    let echo = if echo {
+        let scored = match logprobs {
+            Some(top) => {
+                let scored = engine
+                    .score(prompt.clone(), top)
+                    .map_err(|e| ApiError::from_engine(FLAVOR, e))?
+                    .await
+                    .map_err(|_| internal("the engine dropped the prompt's scores".into()))?
+                    .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+                Some(prompt_logprobs(engine.as_ref(), &prompt, &scored))
+            }
+            None => None,
+        };
+        Some(Echo {
+            text: prompt_text,
+            logprobs: scored,
+        })
+    } else {
+        None
+    };
+    if max_tokens == 0 {
+        let Some(echo) = echo else {
+            return Err(ApiError::invalid(
+                FLAVOR,
+                "max_tokens must be at least 1 (0 only with echo)",
+            ));
+        };
+        let stream = request.stream.unwrap_or(false).then(|| {
+            request
+                .stream_options
+                .as_ref()
+                .is_some_and(|o| o.include_usage)
+        });
+        return Ok(echo_only(&echo, n, &model, prompt.len(), stream));
+    }
+    let max_tokens = Some(max_tokens);
     // What overflow handling keeps: the BOS, where the model has one.
     let keep = engine
         .tokenize("", true)
@@ -870,7 +935,7 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         tools: None,
         parallel: false,
         logprobs: logprobs.is_some(),
-        echo: echo.then_some(prompt_text),
+        echo,
     };
     let meta = ChunkMeta {
         id: format!("cmpl-{}", random_id()),
@@ -889,6 +954,56 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         ));
     }
     respond(engine.as_ref(), streams, &settings, meta).await
+}
+
+/// The answer to a completions request with `echo` and `max_tokens` 0:
+/// the prompt alone in every choice, nothing generated; `stream` is
+/// `Some(include_usage)` for an SSE answer.
+fn echo_only(
+    echo: &Echo,
+    n: usize,
+    model: &str,
+    prompt_tokens: usize,
+    stream: Option<bool>,
+) -> Response {
+    let choice = |index: usize| {
+        json!({
+            "index": index,
+            "text": echo.text,
+            "logprobs": echo.logprobs,
+            "finish_reason": "length",
+        })
+    };
+    let usage = usage_json(Usage {
+        prompt_tokens,
+        ..Usage::default()
+    });
+    let envelope = json!({
+        "id": format!("cmpl-{}", random_id()),
+        "object": "text_completion",
+        "created": unix_time(),
+        "model": model,
+    });
+    let with = |choices: Vec<Value>, usage: Option<&Value>| {
+        let mut body = envelope.clone();
+        body["choices"] = json!(choices);
+        if let Some(usage) = usage {
+            body["usage"] = usage.clone();
+        }
+        body
+    };
+    let Some(include_usage) = stream else {
+        return Json(with((0..n).map(choice).collect(), Some(&usage))).into_response();
+    };
+    let mut events: Vec<String> = (0..n)
+        .map(|i| with(vec![choice(i)], include_usage.then_some(&Value::Null)).to_string())
+        .collect();
+    if include_usage {
+        events.push(with(Vec::new(), Some(&usage)).to_string());
+    }
+    events.push("[DONE]".to_string());
+    let events = stream::iter(events).map(|data| Event::default().data(data));
+    Sse::new(ok_events(events)).into_response()
 }
 
 fn internal(message: String) -> ApiError {
@@ -973,7 +1088,7 @@ impl ChoiceStream {
             generation,
             parser,
             role_pending: settings.chat,
-            offset: settings.echo.as_ref().map_or(0, String::len),
+            offset: settings.echo.as_ref().map_or(0, |e| e.text.len()),
             settings,
             pending_logprobs: Vec::new(),
             calls: 0,
@@ -994,13 +1109,8 @@ impl ChoiceStream {
                 .collect();
             json!({"content": entries})
         } else {
-            let value = legacy_logprobs(self.engine.as_ref(), &tokens, self.offset);
-            self.offset += value["tokens"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| t.as_str().map_or(0, str::len))
-                .sum::<usize>();
+            let (value, offset) = legacy_logprobs(self.engine.as_ref(), &tokens, self.offset);
+            self.offset = offset;
             value
         }
     }
@@ -1069,9 +1179,12 @@ impl ChoiceStream {
             return Some((items, self));
         }
         if let Some(echo) = self.settings.echo.take() {
-            items.push(ChoiceItem::Choice(
-                json!({"index": self.index, "text": echo, "logprobs": null, "finish_reason": null}),
-            ));
+            items.push(ChoiceItem::Choice(json!({
+                "index": self.index,
+                "text": echo.text,
+                "logprobs": echo.logprobs,
+                "finish_reason": null,
+            })));
             return Some((items, self));
         }
         match GenerationItem::next(&mut self.generation).await {
@@ -1238,8 +1351,9 @@ pub struct EmbeddingRequest {
 /// The most inputs one embeddings request may hold.
 const MAX_EMBEDDING_INPUTS: usize = 256;
 
-/// `POST /v1/embeddings`: the model's final-normed hidden states, mean
-/// pooled over the input's tokens and L2-normalized.
+/// `POST /v1/embeddings`: the model's final-normed hidden states, pooled
+/// over each input's tokens as the model's `pooling_type` says (mean when
+/// it says nothing) and L2-normalized; all inputs in one batch.
 pub async fn embeddings(State(state): State<AppState>, body: RawBody) -> Response {
     match embeddings_inner(state, body).await {
         Ok(response) => response,
@@ -1286,28 +1400,28 @@ async fn embeddings_inner(state: AppState, body: RawBody) -> Result<Response, Ap
             ),
         ));
     }
-    let vocab = engine.vocab_size();
-    let mut data = Vec::with_capacity(inputs.len());
-    let mut tokens = 0;
-    for (index, input) in inputs.into_iter().enumerate() {
-        if let Some(vocab) = vocab
-            && let Some(&bad) = input.iter().find(|&&t| t as usize >= vocab)
-        {
-            return Err(ApiError::invalid(
-                FLAVOR,
-                format!(
-                    "input[{index}]: token id {bad} is outside the vocabulary of {vocab} tokens"
-                ),
-            ));
+    if let Some(vocab) = engine.vocab_size() {
+        for (index, input) in inputs.iter().enumerate() {
+            if let Some(&bad) = input.iter().find(|&&t| t as usize >= vocab) {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!(
+                        "input[{index}]: token id {bad} is outside the vocabulary of {vocab} tokens"
+                    ),
+                ));
+            }
         }
-        tokens += input.len();
-        let receiver = engine
-            .embed(input)
-            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
-        let vector = receiver
-            .await
-            .map_err(|_| internal("the engine dropped the embedding".into()))?
-            .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+    }
+    let tokens: usize = inputs.iter().map(Vec::len).sum();
+    // Every input goes through the layers in one batch.
+    let vectors = engine
+        .embed(inputs)
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))?
+        .await
+        .map_err(|_| internal("the engine dropped the embeddings".into()))?
+        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+    let mut data = Vec::with_capacity(vectors.len());
+    for (index, vector) in vectors.into_iter().enumerate() {
         let embedding = if base64 {
             let bytes: Vec<u8> = vector.iter().flat_map(|x| x.to_le_bytes()).collect();
             json!(base64::engine::general_purpose::STANDARD.encode(bytes))

@@ -30,7 +30,7 @@ use std::sync::{Arc, OnceLock};
 
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
-use flatrun_model::sampling::Vocabulary;
+use flatrun_model::sampling::{TokenLogprobs, Vocabulary};
 use flatrun_model::tokenizer::StreamDecoder;
 use flatrun_runtime::{Model, RuntimeError, Sequence, StepOptions, Tokenizer};
 
@@ -284,27 +284,24 @@ impl BatchModel for RuntimeBatchModel {
             .map_or(0, |s| (s.kv_used_bytes() + s.recurrent_bytes()) as u64)
     }
 
-    /// One position at a time through a fresh sequence, keeping each
-    /// position's final-normed hidden state.
-    fn hidden_states(&mut self, tokens: &[u32]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
-        let exec = self.model.executor_mut();
-        let mut seq = exec.new_sequence_with_capacity(tokens.len());
-        let options = StepOptions {
-            hidden: true,
-            ..StepOptions::default()
-        };
-        let mut states = Vec::with_capacity(tokens.len());
-        for token in tokens {
-            let mut batch = [(&mut seq, std::slice::from_ref(token))];
-            match exec.step_batch(&mut batch, options) {
-                Ok(mut out) => match out.pop().and_then(|o| o.hidden) {
-                    Some(hidden) => states.push(hidden),
-                    None => return Some(Err(ModelError("no hidden state".into()))),
-                },
-                Err(e) => return Some(Err(ModelError(e.to_string()))),
-            }
-        }
-        Some(Ok(states))
+    fn embed(&mut self, inputs: &[Vec<u32>]) -> Option<Result<Vec<Vec<f32>>, ModelError>> {
+        Some(
+            self.model
+                .embed(inputs)
+                .map_err(|e| ModelError(e.to_string())),
+        )
+    }
+
+    fn score(
+        &mut self,
+        tokens: &[u32],
+        top: usize,
+    ) -> Option<Result<Vec<TokenLogprobs>, ModelError>> {
+        Some(
+            self.model
+                .score(tokens, top)
+                .map_err(|e| ModelError(e.to_string())),
+        )
     }
 
     fn residency(&self) -> Option<Residency> {

@@ -29,14 +29,15 @@ use std::time::Instant;
 use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
 use crate::engine::{
     EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
-    GenerationSink, GenerationStream, Usage, generation_channel, mean_pool_normalized,
+    GenerationSink, GenerationStream, ScoreReceiver, Usage, generation_channel,
 };
 use crate::prefix_cache::{PrefixCache, common_prefix};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::sampling::Vocabulary;
 use flatrun_model::sampling::{
-    FinishReason, Sampler, SamplingParams, StopMatcher, TokenConstraint, token_logprobs,
+    FinishReason, Sampler, SamplingParams, StopMatcher, TokenConstraint, TokenLogprobs,
+    token_logprobs,
 };
 
 /// Limits of the batch scheduler.
@@ -81,13 +82,21 @@ struct Job {
 enum Command {
     Submit(Job),
     Embed(EmbedJob),
+    Score(ScoreJob),
     CancelAll,
 }
 
-/// An embedding to compute between steps.
+/// Embeddings to compute between steps.
 struct EmbedJob {
+    inputs: Vec<Vec<u32>>,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, EngineError>>,
+}
+
+/// A prompt to score between steps.
+struct ScoreJob {
     tokens: Vec<u32>,
-    reply: tokio::sync::oneshot::Sender<Result<Vec<f32>, EngineError>>,
+    top: usize,
+    reply: tokio::sync::oneshot::Sender<Result<Vec<TokenLogprobs>, EngineError>>,
 }
 
 /// Counters shared between the scheduler thread and the handlers.
@@ -109,6 +118,11 @@ struct Shared {
     prompt_cache_evictions: AtomicU64,
     /// KV bytes of the running sequences.
     active_kv_bytes: AtomicU64,
+    /// Grammar masks computed, the microseconds computing them took, and
+    /// the microseconds steps waited for them after the layers had run.
+    grammar_masks: AtomicU64,
+    grammar_mask_us: AtomicU64,
+    grammar_wait_us: AtomicU64,
     /// f64 bits of the smoothed tokens/s.
     tokens_per_second_bits: AtomicU64,
     /// Milliseconds since `started` of the last step.
@@ -187,6 +201,26 @@ impl BatchEngine {
     }
 
     /// Reserves a place in the batch or the queue.
+    /// Refuses an embedding or scoring input the model cannot take.
+    fn check_evaluation(&self, tokens: &[u32]) -> Result<(), EngineError> {
+        if self.shared.shutting_down.load(Ordering::Acquire) {
+            return Err(EngineError::ShuttingDown);
+        }
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the input is empty (no tokens)".to_string(),
+            ));
+        }
+        if tokens.len() > self.text.context_length() {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context_length: self.text.context_length(),
+            });
+        }
+        Ok(())
+    }
+
     fn admit(&self) -> Result<(), EngineError> {
         let limit = self.config.max_seqs + self.config.max_queue;
         self.shared
@@ -304,6 +338,9 @@ impl Engine for BatchEngine {
             generated_tokens_per_second: tokens_per_second,
             prefix_hits_total: s.prefix_hits.load(Ordering::Relaxed),
             prefix_lookups_total: s.prefix_lookups.load(Ordering::Relaxed),
+            grammar_masks_total: s.grammar_masks.load(Ordering::Relaxed),
+            grammar_mask_seconds_total: s.grammar_mask_us.load(Ordering::Relaxed) as f64 * 1e-6,
+            grammar_wait_seconds_total: s.grammar_wait_us.load(Ordering::Relaxed) as f64 * 1e-6,
             prefix_reused_tokens_total: s.prefix_reused_tokens.load(Ordering::Relaxed),
             prompt_cache_entries: s.prompt_cache_entries.load(Ordering::Relaxed),
             prompt_cache_bytes: s.prompt_cache_bytes.load(Ordering::Relaxed),
@@ -315,24 +352,21 @@ impl Engine for BatchEngine {
         }
     }
 
-    fn embed(&self, tokens: Vec<u32>) -> Result<EmbeddingReceiver, EngineError> {
-        if self.shared.shutting_down.load(Ordering::Acquire) {
-            return Err(EngineError::ShuttingDown);
-        }
-        if tokens.is_empty() {
-            return Err(EngineError::InvalidRequest(
-                "the input is empty (no tokens)".to_string(),
-            ));
-        }
-        if tokens.len() > self.text.context_length() {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: tokens.len(),
-                max_tokens: 0,
-                context_length: self.text.context_length(),
-            });
+    fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<EmbeddingReceiver, EngineError> {
+        for tokens in &inputs {
+            self.check_evaluation(tokens)?;
         }
         let (reply, receiver) = tokio::sync::oneshot::channel();
-        if !self.send(Command::Embed(EmbedJob { tokens, reply })) {
+        if !self.send(Command::Embed(EmbedJob { inputs, reply })) {
+            return Err(EngineError::ShuttingDown);
+        }
+        Ok(receiver)
+    }
+
+    fn score(&self, tokens: Vec<u32>, top: usize) -> Result<ScoreReceiver, EngineError> {
+        self.check_evaluation(&tokens)?;
+        let (reply, receiver) = tokio::sync::oneshot::channel();
+        if !self.send(Command::Score(ScoreJob { tokens, top, reply })) {
             return Err(EngineError::ShuttingDown);
         }
         Ok(receiver)
@@ -544,12 +578,20 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         match command {
             Command::Submit(job) => self.waiting.push_back(job),
             Command::Embed(job) => {
-                let result = match self.model.hidden_states(&job.tokens) {
+                let result = match self.model.embed(&job.inputs) {
                     None => Err(EngineError::InvalidRequest(
                         "this model does not serve embeddings".to_string(),
                     )),
-                    Some(Err(e)) => Err(EngineError::Text(e.0)),
-                    Some(Ok(states)) => Ok(mean_pool_normalized(&states)),
+                    Some(result) => result.map_err(|e| EngineError::Text(e.0)),
+                };
+                let _ = job.reply.send(result);
+            }
+            Command::Score(job) => {
+                let result = match self.model.score(&job.tokens, job.top) {
+                    None => Err(EngineError::InvalidRequest(
+                        "this model does not score prompts".to_string(),
+                    )),
+                    Some(result) => result.map_err(|e| EngineError::Text(e.0)),
                 };
                 let _ = job.reply.send(result);
             }
@@ -851,18 +893,37 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             std::thread::scope(|scope| {
                 let masks: Vec<_> = constraints
                     .iter_mut()
-                    .map(|(_, c)| scope.spawn(move || c.compute_mask()))
+                    .map(|(_, c)| {
+                        scope.spawn(move || {
+                            let started = Instant::now();
+                            let result = c.compute_mask();
+                            (result, started.elapsed())
+                        })
+                    })
                     .collect();
                 let result = catch_unwind(AssertUnwindSafe(|| model.step(&inputs)))
                     .unwrap_or_else(|_| Err(ModelError("the model panicked during a step".into())));
+                let layers_done = Instant::now();
+                let mut mask_time = std::time::Duration::ZERO;
+                let count = masks.len() as u64;
                 let mask_errors: Vec<String> = masks
                     .into_iter()
                     .filter_map(|h| match h.join() {
-                        Ok(Ok(())) => None,
-                        Ok(Err(e)) => Some(e),
+                        Ok((result, took)) => {
+                            mask_time += took;
+                            result.err()
+                        }
                         Err(_) => Some("the grammar panicked".to_string()),
                     })
                     .collect();
+                if count > 0 {
+                    let s = &self.shared;
+                    s.grammar_masks.fetch_add(count, Ordering::Relaxed);
+                    s.grammar_mask_us
+                        .fetch_add(mask_time.as_micros() as u64, Ordering::Relaxed);
+                    s.grammar_wait_us
+                        .fetch_add(layers_done.elapsed().as_micros() as u64, Ordering::Relaxed);
+                }
                 (result, mask_errors)
             })
         };

@@ -6,6 +6,9 @@
 use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor};
+use crate::grammar::GrammarSpec;
+use crate::request_fields::forced_call_grammar;
+use flatrun_model::chat_template::tools::ToolSyntax;
 
 /// One tool the model may call.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +43,50 @@ pub struct ToolSet {
 }
 
 impl ToolSet {
+    /// The tools of a request and its choice, checked as both APIs check
+    /// them: distinct names, a named choice among the tools, and a forced
+    /// call only with tools to call.
+    pub fn new(
+        flavor: ApiFlavor,
+        tools: Vec<ToolDef>,
+        choice: ToolChoice,
+        parallel: bool,
+    ) -> Result<ToolSet, ApiError> {
+        check_unique(flavor, &tools)?;
+        if let ToolChoice::Named(name) = &choice
+            && !tools.iter().any(|t| &t.name == name)
+        {
+            return Err(ApiError::invalid(
+                flavor,
+                format!("tool_choice names `{name}`, which is not one of the tools"),
+            ));
+        }
+        if matches!(choice, ToolChoice::Required | ToolChoice::Named(_)) && tools.is_empty() {
+            return Err(ApiError::invalid(
+                flavor,
+                "tool_choice requires a tool call, but tools is empty",
+            ));
+        }
+        Ok(ToolSet {
+            tools,
+            choice,
+            parallel,
+        })
+    }
+
+    /// The grammar of the call the choice forces (`required`, a named
+    /// tool), written in the model's tool-call syntax; `None` when nothing
+    /// is forced or the model has no syntax.
+    pub fn forced_grammar(&self, syntax: Option<ToolSyntax>) -> Option<GrammarSpec> {
+        let forced = self.forced();
+        match syntax {
+            Some(syntax) if !forced.is_empty() => {
+                Some(forced_call_grammar(syntax, &forced, self.parallel))
+            }
+            _ => None,
+        }
+    }
+
     /// The tools as the chat template takes them; `None` when the model must
     /// not see them.
     pub fn template_value(&self) -> Option<Value> {
@@ -139,7 +186,7 @@ pub fn check_schema(flavor: ApiFlavor, schema: &Value, location: &str) -> Result
 }
 
 /// Rejects two tools of one name.
-pub fn check_unique(flavor: ApiFlavor, tools: &[ToolDef]) -> Result<(), ApiError> {
+fn check_unique(flavor: ApiFlavor, tools: &[ToolDef]) -> Result<(), ApiError> {
     for (i, tool) in tools.iter().enumerate() {
         if tools[..i].iter().any(|t| t.name == tool.name) {
             return Err(ApiError::invalid(

@@ -134,7 +134,7 @@ async fn tool_requests_the_apis_refuse() {
         (
             json!({"messages": user, "tools": [weather_tool()],
                    "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
-            "not in tools",
+            "not one of the tools",
         ),
         (
             json!({"messages": user, "tools": [{"type": "function", "function": {"name": "f", "parameters": "oops"}}]}),
@@ -447,6 +447,84 @@ async fn logprobs_n_and_logit_bias() {
         .await
         .json();
     assert_eq!(body["choices"][0]["text"], "HiHe");
+    server.wait_all_freed().await;
+}
+
+/// The prompt's own tokens, scored: the mock's logits at a position favour
+/// "H", so after BOS "H" is likely and the "i" after it is not.
+#[tokio::test]
+async fn echo_with_logprobs_scores_the_prompt() {
+    let server = TestServer::default().await;
+    let request =
+        json!({"prompt": "Hi", "max_tokens": 2, "temperature": 0, "echo": true, "logprobs": 2});
+    let body = server.post_json("/v1/completions", &request).await.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["text"], "HiHe", "{body}");
+    let lp = &choice["logprobs"];
+    assert_eq!(lp["tokens"], json!(["<s>", "H", "i", "H", "e"]), "{lp}");
+    // BOS takes no room in the text: "H" at 0, "i" at 1, the answer after "Hi".
+    assert_eq!(lp["text_offset"], json!([0, 0, 1, 2, 3]));
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    let h = lp["token_logprobs"][1].as_f64().unwrap();
+    let i = lp["token_logprobs"][2].as_f64().unwrap();
+    assert!(h > -1.0 && h < 0.0, "{lp}");
+    assert!(i < -5.0, "{lp}");
+    let top = lp["top_logprobs"][2].as_object().unwrap();
+    assert_eq!(top.len(), 2);
+    assert!(top.contains_key("H"), "{lp}");
+    assert_eq!(body["usage"]["prompt_tokens"], 3);
+
+    // max_tokens 0: the prompt and its scores only (how harnesses score text).
+    let mut only = request.clone();
+    only["max_tokens"] = json!(0);
+    let body = server.post_json("/v1/completions", &only).await.json();
+    let choice = &body["choices"][0];
+    assert_eq!(choice["text"], "Hi", "{body}");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["logprobs"]["tokens"], json!(["<s>", "H", "i"]));
+    assert_eq!(choice["logprobs"]["token_logprobs"][1].as_f64().unwrap(), h);
+    assert_eq!(body["usage"]["completion_tokens"], 0);
+
+    // Streamed: the first chunk carries the prompt and its logprobs.
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let response = server.post_json("/v1/completions", &streamed).await;
+    let chunks: Vec<Value> = parse_sse(&response.body)
+        .into_iter()
+        .filter(|(_, d)| d != "[DONE]")
+        .map(|(_, d)| serde_json::from_str(&d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["text"], "Hi");
+    assert_eq!(
+        chunks[0]["choices"][0]["logprobs"]["token_logprobs"][1]
+            .as_f64()
+            .unwrap(),
+        h
+    );
+    let offsets: Vec<Value> = chunks[1..]
+        .iter()
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["text_offset"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(offsets, vec![json!(2), json!(3)]);
+    only["stream"] = json!(true);
+    let response = server.post_json("/v1/completions", &only).await;
+    let events = parse_sse(&response.body);
+    assert_eq!(events.last().unwrap().1, "[DONE]");
+    let first: Value = serde_json::from_str(&events[0].1).unwrap();
+    assert_eq!(first["choices"][0]["text"], "Hi");
+
+    // max_tokens 0 without echo generates nothing and says so.
+    openai_error(
+        &server
+            .post_json("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 0}))
+            .await,
+        "max_tokens",
+    );
     server.wait_all_freed().await;
 }
 

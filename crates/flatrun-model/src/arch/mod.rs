@@ -362,6 +362,10 @@ pub fn common_from_gguf(arch: Arch, keys: &GgufKeys) -> Result<ModelConfig> {
         activation: Activation::Silu,
         delta_net: None,
         moe: None,
+        pooling: match keys.u64("pooling_type") {
+            Some(code) => crate::pooling::Pooling::from_code(code)?,
+            None => crate::pooling::Pooling::Mean,
+        },
     })
 }
 
@@ -415,6 +419,7 @@ pub fn common_from_hf(arch: Arch, keys: &HfKeys) -> Result<ModelConfig> {
         activation: Activation::Silu,
         delta_net: None,
         moe: None,
+        pooling: crate::pooling::Pooling::Mean,
     })
 }
 

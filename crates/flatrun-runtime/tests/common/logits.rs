@@ -315,7 +315,7 @@ pub fn all_logits(model: &mut Model, tokens: &[u32]) -> Vec<f32> {
             tokens,
             StepOptions {
                 all_logits: true,
-                hidden: false,
+                ..Default::default()
             },
         )
         .expect("step");
