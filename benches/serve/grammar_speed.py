@@ -6,7 +6,9 @@ For each mode it streams a chat answer, and measures the decode rate from
 the first to the last token (so prefill does not count): tokens/s =
 (completion tokens - 1) / (t_last - t_first). Modes alternate, RUNS times
 each; it prints the medians, min/max and the ratio constrained /
-unconstrained.
+unconstrained. From the server's /metrics it also prints what each grammar
+mask cost: the mean time computing one (on a thread beside the layers) and
+the mean time a step waited for it after the layers were done.
 
 Usage: python benches/serve/grammar_speed.py BASE_URL MODEL [RUNS]
 """
@@ -56,11 +58,23 @@ def run(base, model, constrained, max_tokens=96):
     return (tokens - 1) / (times[-1] - times[0]), tokens
 
 
+def metrics(base):
+    """The grammar counters of /metrics."""
+    values = {}
+    with urllib.request.urlopen(base + "/metrics", timeout=60) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("flatrun_grammar_"):
+                name, value = line.split()
+                values[name] = float(value)
+    return values
+
+
 def main():
     base, model = sys.argv[1].rstrip("/"), sys.argv[2]
     runs = int(sys.argv[3]) if len(sys.argv) > 3 else 5
     run(base, model, False, 8)  # warm up
     rates = {False: [], True: []}
+    before = metrics(base)
     for _ in range(runs):
         for constrained in (False, True):
             rate, tokens = run(base, model, constrained)
@@ -70,6 +84,13 @@ def main():
     for name, values in (("free", rates[False]), ("json_schema", rates[True])):
         print(f"{name:>11}: median {statistics.median(values):.2f} tokens/s, min {min(values):.2f}, max {max(values):.2f}")
     print(f"ratio json_schema / free: {constrained / free:.3f}")
+    after = metrics(base)
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    masks = delta.get("flatrun_grammar_masks_total", 0.0)
+    if masks:
+        compute = delta["flatrun_grammar_mask_seconds_total"] / masks * 1e3
+        wait = delta["flatrun_grammar_wait_seconds_total"] / masks * 1e3
+        print(f"grammar masks: {masks:.0f}, mean compute {compute:.3f} ms, mean wait after the layers {wait:.3f} ms")
 
 
 if __name__ == "__main__":
