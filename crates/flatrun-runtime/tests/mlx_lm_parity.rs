@@ -5,9 +5,10 @@
 //! real `mlx_lm.convert` (mlx-lm 0.32.2, mlx[cpu] 0.32.4) into
 //! `$FLATRUN_MLX_CKPT/lm/<family>-<recipe>`: 4-bit g64 (mlx-lm's default),
 //! 8-bit g32, 3-bit g64 and the `mixed_3_6` recipe (per-layer 3/6-bit entries
-//! in `config.json`) for SmolLM2, Qwen2.5 and Gemma 3; for SmolLM2 also 2-bit
-//! g128, 5-bit g32, 6-bit g128 and a sharded copy (`model.safetensors.index.json`
-//! over 20 MB shards). The fixtures `tests/fixtures/mlx-lm/<name>.json` hold
+//! in `config.json`) for SmolLM2, Qwen2.5, Gemma 3 and the synthetic Qwen3 of
+//! `gen_synthetic_models.py` (random weights: more near-ties); for SmolLM2
+//! also 2-bit g128, 5-bit g32, 6-bit g128 and a sharded copy
+//! (`model.safetensors.index.json` over 20 MB shards). The fixtures `tests/fixtures/mlx-lm/<name>.json` hold
 //! mlx-lm's logits on the same directory in float32 (`model.set_dtype(mx.float32)`):
 //! teacher-forced top-10 over fixed texts, and greedy continuations with the
 //! top-2 gap of every step (`gen_mlx_lm_checkpoints.py --goldens`).
@@ -222,4 +223,8 @@ cases! {
     qwen25_q4g64 => "qwen2.5-0.5b-q4g64", "reference backend on a larger directory: run with --ignored";
     gemma3_q4g64 => "gemma3-270m-q4g64", "reference backend on a larger directory: run with --ignored";
     gemma3_q8g32 => "gemma3-270m-q8g32", "reference backend on a larger directory: run with --ignored";
+    qwen3_q4g64 => "qwen3-synth-q4g64";
+    qwen3_q8g32 => "qwen3-synth-q8g32";
+    qwen3_q3g64 => "qwen3-synth-q3g64";
+    qwen3_mixed36 => "qwen3-synth-mixed36";
 }
