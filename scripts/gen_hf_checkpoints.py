@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
-"""Write Hugging Face SafeTensors checkpoints of the three real GGUF models.
+"""Write Hugging Face SafeTensors checkpoints of the three real GGUF models
+and of the synthetic Qwen3.
 
-For each real GGUF in $FLATRUN_MODELS this writes an HF directory under
+For each real GGUF in $FLATRUN_MODELS, and for the synthetic Qwen3 of
+`gen_synthetic_models.py` (qwen3-synth-f16.gguf in $FLATRUN_SYNTHETIC, written
+there by that script when missing), this writes an HF directory under
 ${FLATRUN_HF_CKPT:-~/.cache/flatrun/hf-ckpt}/<variant>/ holding:
   * model.safetensors (or model-0000N-of-0000M.safetensors + model.safetensors.index.json):
     every weight dequantized (ggml's decoders as the `gguf` package implements them) and
@@ -14,7 +17,7 @@ ${FLATRUN_HF_CKPT:-~/.cache/flatrun/hf-ckpt}/<variant>/ holding:
         without it (Gemma3RMSNorm multiplies by 1 + w), so 1 is subtracted (in f32);
       - tied embeddings stay tied (no lm_head.weight) when the GGUF has no output.weight;
   * config.json with the real HF keys of LlamaForCausalLM / Qwen2ForCausalLM /
-    Gemma3ForCausalLM, generation_config.json;
+    Qwen3ForCausalLM / Gemma3ForCausalLM, generation_config.json;
   * tokenizer.json exported from the GGUF vocabulary (gpt2 byte-level BPE with the
     GGUF's merges and the pre-tokenizer of its `tokenizer.ggml.pre`; SentencePiece
     vocabularies as a byte-fallback BPE whose merges are ranked by the merged piece's
@@ -29,9 +32,10 @@ when its `.flatrun-hf-stamp` matches (the sha256 of this script and `hf_layout.p
 source file's size and the variant), so a rerun costs a second. Needs only numpy and
 the `gguf` package.
 
-Usage: scripts/gen_hf_checkpoints.py [--models DIR] [--out DIR] [--only NAME] [--force]
+Usage: scripts/gen_hf_checkpoints.py [--models DIR] [--synthetic DIR] [--vocab DIR] [--out DIR]
+                                     [--only NAME] [--force]
 """
-import argparse, hashlib, json, os, shutil, struct, sys
+import argparse, hashlib, json, os, shutil, struct, subprocess, sys
 
 import numpy as np
 
@@ -39,7 +43,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import hf_layout  # noqa: E402  (GGUF reading, names, Q/K un-permutation, Gemma norms)
 
-# variant name -> (source GGUF, dtype, number of shards (1 = single file))
+# variant name -> (source GGUF, dtype, number of shards (1 = single file));
+# a source under "synthetic/" is a file of gen_synthetic_models.py.
 VARIANTS = {
     "smollm2-135m-f16": ("SmolLM2-135M-Instruct.Q4_1.gguf", "f16", 1),
     "smollm2-135m-bf16": ("SmolLM2-135M-Instruct.Q4_1.gguf", "bf16", 1),
@@ -47,7 +52,9 @@ VARIANTS = {
     "smollm2-135m-f16-sharded": ("SmolLM2-135M-Instruct.Q4_1.gguf", "f16", 3),
     "qwen2.5-coder-0.5b-f16": ("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", "f16", 1),
     "gemma-3-270m-f16": ("gemma-3-270m-q4_k_m.gguf", "f16", 1),
+    "qwen3-synth-f16": ("synthetic/qwen3-synth-f16.gguf", "f16", 1),
 }
+SYNTHETIC = "synthetic/"
 
 # ------------------------------------------------------------ weights
 
@@ -174,6 +181,12 @@ def config_json(src, dtype, tied):
                 "hidden_act": "silu", "attention_dropout": 0.0, "use_sliding_window": False,
                 "sliding_window": src.arch_key("context_length"), "max_window_layers": n_layer,
                 "rope_scaling": None}
+    if arch == "qwen3":
+        n_layer = src.arch_key("block_count")
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", **common,
+                "hidden_act": "silu", "head_dim": src.arch_key("attention.key_length"),
+                "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False,
+                "sliding_window": None, "max_window_layers": n_layer, "rope_scaling": None}
     if arch == "gemma3":
         n_layer = src.arch_key("block_count")
         pattern = 6  # llama.cpp's gemma3 rule: every sixth layer is global
@@ -356,9 +369,26 @@ def write_variant(variant, source_path, dtype, shards, out_root, force):
     print(f"{variant}: wrote {len(tensors)} tensors ({dtype}, {shards} file(s)) to {out}", file=sys.stderr)
 
 
+def synthetic_source(name, synthetic_dir, vocab_dir):
+    """The synthetic GGUF `name`, written by gen_synthetic_models.py when
+    missing (the same bytes tests/families.rs checks); None without a vocabulary."""
+    path = os.path.join(synthetic_dir, name)
+    if os.path.exists(path):
+        return path
+    if not os.path.isdir(vocab_dir):
+        print(f"{name}: no vocabulary directory {vocab_dir}", file=sys.stderr)
+        return None
+    subprocess.run([sys.executable, os.path.join(HERE, "gen_synthetic_models.py"), "--out", synthetic_dir,
+                    "--vocab", vocab_dir, "--only", name], check=True, stdout=sys.stderr)
+    return path
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=os.environ.get("FLATRUN_MODELS", os.path.expanduser("~/.cache/flatrun/models")))
+    ap.add_argument("--synthetic", default=os.environ.get("FLATRUN_SYNTHETIC", os.path.expanduser("~/.cache/flatrun/synthetic")))
+    ap.add_argument("--vocab", default=os.environ.get("FLATRUN_VOCAB", os.path.expanduser("~/.cache/flatrun/vocab")),
+                    help="vocab-only GGUFs, to write a missing synthetic source")
     ap.add_argument("--out", default=os.environ.get("FLATRUN_HF_CKPT", os.path.expanduser("~/.cache/flatrun/hf-ckpt")))
     ap.add_argument("--only", help="write only this variant (exact name), or those whose name contains it")
     ap.add_argument("--force", action="store_true", help="rewrite even when the stamp matches")
@@ -367,8 +397,11 @@ def main():
     for variant, (source, dtype, shards) in VARIANTS.items():
         if a.only and (variant != a.only if a.only in VARIANTS else a.only not in variant):
             continue
-        path = os.path.join(a.models, source)
-        if not os.path.exists(path):
+        if source.startswith(SYNTHETIC):
+            path = synthetic_source(source[len(SYNTHETIC):], a.synthetic, a.vocab)
+        else:
+            path = os.path.join(a.models, source)
+        if path is None or not os.path.exists(path):
             print(f"{variant}: skipped, {path} is missing", file=sys.stderr)
             continue
         write_variant(variant, path, dtype, shards, a.out, a.force)

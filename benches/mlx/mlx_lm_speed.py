@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """mlx-lm's own CPU speed on an MLX directory: prefill of P tokens and decode of
 N tokens (KV-cached, one token per step), R repetitions; prints one JSON line
-with the median, min and max tokens/s of each.
+with the median, min and max tokens/s of each (with `--label L`, two rows of
+benches/mlx/speed.sh's markdown table instead).
 
-Usage: mlx_lm_speed.py DIR [-p 128] [-n 64] [-r 3] [--float32]
+Usage: mlx_lm_speed.py DIR [-p 128] [-n 64] [-r 3] [--float32] [--label L]
 (`--float32` runs it as the goldens of tests/mlx_lm_parity.rs do.)
 """
 import argparse
@@ -23,6 +24,7 @@ def main():
     ap.add_argument("-n", type=int, default=64)
     ap.add_argument("-r", type=int, default=3)
     ap.add_argument("--float32", action="store_true")
+    ap.add_argument("--label", help="print markdown rows under this engine label")
     a = ap.parse_args()
     model, _ = load(a.dir)
     if a.float32:
@@ -46,7 +48,11 @@ def main():
             pp.append(a.p / t_pp)
             tg.append(a.n / t_tg)
     row = lambda v: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-    print(json.dumps({"dir": a.dir, "float32": a.float32, "pp": row(pp), "tg": row(tg)}))
+    if a.label is None:
+        print(json.dumps({"dir": a.dir, "float32": a.float32, "pp": row(pp), "tg": row(tg)}))
+        return
+    for test, v in ((f"pp{a.p}", row(pp)), (f"tg{a.n}", row(tg))):
+        print(f"| {a.label} | {test} | {v['median']:.2f} | {v['min']:.2f} | {v['max']:.2f} | |")
 
 
 if __name__ == "__main__":

@@ -48,11 +48,6 @@ bench "flatrun GGUF Q4_0" "$out/$model-Q4_0.gguf"
 bench "flatrun GGUF $(basename "$src" .gguf | sed 's/.*[.-]//')" "$src"
 bench "flatrun GGUF Q8_0" "$out/$model-Q8_0.gguf"
 for d in q4g64 q8g32; do
-  nice -n 10 "$FLATRUN_PYTHON" benches/mlx/mlx_lm_speed.py "$lm/$model-$d" -p "$P" -n "$N" -r "$R" |
-    "$FLATRUN_PYTHON" -c '
-import json, sys
-r = json.load(sys.stdin)
-for t in ("pp", "tg"):
-    v = r[t]
-    print(f"| mlx-lm {sys.argv[1]} (as loaded) | {t} | {v[\"median\"]:.1f} | {v[\"min\"]:.1f} | {v[\"max\"]:.1f} | |")' "$d"
+  nice -n 10 "$FLATRUN_PYTHON" benches/mlx/mlx_lm_speed.py "$lm/$model-$d" -p "$P" -n "$N" -r "$R" \
+    --label "mlx-lm $d (as loaded)"
 done
