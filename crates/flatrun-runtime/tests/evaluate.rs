@@ -141,3 +141,56 @@ fn embeddings_are_mean_pooled_normalized_and_batch_independent() {
     // An empty input is refused, not pooled into NaNs.
     assert!(model.embed(&[Vec::new()]).is_err());
 }
+
+/// The vectors llama.cpp's server gives for the same texts (mean pooling,
+/// normalized; `tests/fixtures/embeddings/`, made by
+/// `scripts/gen_embedding_fixtures.py`).
+fn matches_llama_cpp(model_file: &str) {
+    let Some(path) = common::model(model_file) else {
+        return;
+    };
+    let stem = model_file.trim_end_matches(".gguf");
+    let fixture_path = common::fixtures().join(format!("embeddings/{stem}.json"));
+    let text = std::fs::read_to_string(&fixture_path).expect("fixture");
+    let fixture: serde_json::Value = serde_json::from_str(&text).expect("fixture JSON");
+    let mut model = Model::load(&path, LoadOptions::default()).expect("load");
+    let texts: Vec<&str> = fixture["texts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let inputs: Vec<Vec<u32>> = texts
+        .iter()
+        .map(|t| model.encode(t, true).unwrap())
+        .collect();
+    let ours = model.embed(&inputs).expect("embed");
+    let mut worst = 1.0f64;
+    for (i, (vector, reference)) in ours
+        .iter()
+        .zip(fixture["embeddings"].as_array().unwrap())
+        .enumerate()
+    {
+        let reference = common::logits::floats(reference);
+        assert_eq!(vector.len(), reference.len(), "text {i}");
+        let c = cosine(vector, &reference);
+        worst = worst.min(c);
+        assert!(
+            c > 0.9995,
+            "{model_file} text {i}: cosine {c} with llama.cpp"
+        );
+    }
+    eprintln!("{model_file}: least cosine with llama.cpp {worst:.6}");
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn embeddings_match_llama_cpp_smollm2() {
+    matches_llama_cpp(MODEL);
+}
+
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn embeddings_match_llama_cpp_qwen25() {
+    matches_llama_cpp("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+}

@@ -170,6 +170,9 @@ pub struct ChatCompletionRequest {
 pub enum PromptField {
     One(String),
     Many(Vec<String>),
+    /// Token ids, fed as they are (no BOS added).
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
 }
 
 /// The fields of `POST /v1/completions` that Flatrun reads.
@@ -849,19 +852,42 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         k => k.map(|k| k as usize),
     };
     let echo = request.echo.unwrap_or(false);
-    let prompt_text = match request.prompt {
-        PromptField::One(text) => text,
-        PromptField::Many(mut texts) if texts.len() == 1 => texts.remove(0),
-        PromptField::Many(texts) => {
-            return Err(ApiError::invalid(
-                FLAVOR,
-                format!("prompt must be one string, got a list of {}", texts.len()),
-            ));
+    let one_prompt = |count: usize| {
+        ApiError::invalid(
+            FLAVOR,
+            format!("prompt must be one string or one list of token ids, got a list of {count}"),
+        )
+    };
+    let tokens = match request.prompt {
+        PromptField::One(text) => Err(text),
+        PromptField::Many(mut texts) if texts.len() == 1 => Err(texts.remove(0)),
+        PromptField::Many(texts) => return Err(one_prompt(texts.len())),
+        PromptField::Tokens(tokens) => Ok(tokens),
+        PromptField::TokenLists(mut lists) if lists.len() == 1 => Ok(lists.remove(0)),
+        PromptField::TokenLists(lists) => return Err(one_prompt(lists.len())),
+    };
+    let (prompt_text, prompt) = match tokens {
+        Err(text) => {
+            let tokens = engine
+                .tokenize(&text, true)
+                .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+            (text, tokens)
+        }
+        Ok(tokens) => {
+            if let Some(vocab) = engine.vocab_size()
+                && let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab)
+            {
+                return Err(ApiError::invalid(
+                    FLAVOR,
+                    format!("prompt: token id {bad} is outside the vocabulary of {vocab} tokens"),
+                ));
+            }
+            let text = engine
+                .detokenize(&tokens)
+                .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
+            (text, tokens)
         }
     };
-    let prompt = engine
-        .tokenize(&prompt_text, true)
-        .map_err(|e| ApiError::from_engine(FLAVOR, e))?;
     let grammar = one_grammar([
         ("regex", request.regex.map(GrammarSpec::Regex)),
         ("grammar", request.grammar.map(GrammarSpec::Lark)),

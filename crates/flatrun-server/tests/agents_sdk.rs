@@ -55,7 +55,12 @@ fn official_sdks_drive_agents_on_qwen() {
 #[test]
 #[cfg_attr(debug_assertions, ignore = "real model: run in release")]
 fn official_sdks_tool_loops_on_qwen() {
-    run_agent_tests(&["test_tool_loop", "test_completion_logprobs_match_llama_cpp"]);
+    run_agent_tests(&[
+        "test_tool_loop",
+        "test_completion_logprobs_match_llama_cpp",
+        "test_echo_scores",
+        "test_embeddings_through",
+    ]);
 }
 
 /// Runs `tests/sdk/test_agents.py` (only the tests whose names contain one

@@ -228,6 +228,39 @@ class Logprobs(unittest.TestCase):
             best = max(top.values())
             self.assertLess(abs(best - step["top"][0][1]), LOGPROB_TOLERANCE)
 
+    def test_echo_scores_the_text_as_llama_cpp_does(self):
+        # The golden's prompt and answer as token ids, scored in one echo
+        # request with max_tokens 0 (as evaluation harnesses score a text).
+        with open(GOLDEN) as f:
+            golden = json.load(f)
+        tokens = golden["prompt_tokens"] + [s["token"] for s in golden["steps"]]
+        response = oai().completions.create(
+            model=MODEL, prompt=tokens, max_tokens=0, echo=True, logprobs=1,
+        )
+        choice = response.choices[0]
+        self.assertEqual(choice.text, golden["prompt"] + golden["text"])
+        scores = choice.logprobs.token_logprobs
+        self.assertEqual(len(scores), len(tokens))
+        self.assertIsNone(scores[0])
+        answer = scores[len(golden["prompt_tokens"]):]
+        worst = max(abs(a - s["logprob"]) for a, s in zip(answer, golden["steps"]))
+        print(f"largest echo logprob difference from llama.cpp: {worst:.4f}")
+        self.assertLess(worst, LOGPROB_TOLERANCE)
+        self.assertEqual(response.usage.completion_tokens, 0)
+
+    def test_embeddings_through_the_sdk(self):
+        # The SDK asks for base64 and decodes it itself.
+        texts = ["The cat sat on the mat.", "Quarterly revenue grew by twelve percent."]
+        data = oai().embeddings.create(model=MODEL, input=texts).data
+        self.assertEqual(len(data), 2)
+        vector = data[0].embedding
+        self.assertEqual(len(vector), 896)
+        self.assertAlmostEqual(sum(x * x for x in vector) ** 0.5, 1.0, places=4)
+        alone = oai().embeddings.create(model=MODEL, input=texts[0], encoding_format="float").data[0].embedding
+        cosine = sum(a * b for a, b in zip(vector, alone))
+        self.assertGreater(cosine, 0.99999)
+        self.assertLess(sum(a * b for a, b in zip(vector, data[1].embedding)), 0.9999)
+
     def test_chat_logprobs_streamed_equal_whole(self):
         kwargs = dict(model=MODEL, temperature=0, max_tokens=12, logprobs=True, top_logprobs=3,
                       messages=[{"role": "user", "content": "Say hello."}])
