@@ -5,6 +5,7 @@ pub mod arch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gguf_export;
 pub mod manifest;
 pub use arch::{Architecture, Role, architecture};
 pub use checkpoint::Checkpoint;
