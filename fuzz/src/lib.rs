@@ -319,6 +319,7 @@ pub mod server_request {
             };
             let state = AppState {
                 engine: EngineSlot::default(),
+                models: Default::default(),
                 config: Arc::new(config),
                 metrics: Arc::new(Metrics::default()),
             };

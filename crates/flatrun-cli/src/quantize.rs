@@ -5,6 +5,11 @@
 //! written in llama-quantize's order; each tensor is quantized by all
 //! threads, rows split between them; the output appears under its name only
 //! once complete.
+//!
+//! `IN` may also be a Hugging Face SafeTensors directory: it is read as the
+//! F16 GGUF llama.cpp's converter would make of it (names, Q/K permutation,
+//! norm offsets, hyperparameters, tokenizer and chat template:
+//! [`flatrun_model::gguf_export`]), then quantized the same way.
 
 use crate::progress::{Progress, on_terminal};
 use crate::quantize_rules::{Chooser, MIXES, Mix, ModelFacts, llama_order};
@@ -13,13 +18,17 @@ use flatrun_format::gguf_writer::{GgufWriter, TensorSpec};
 use flatrun_format::{
     DType, GgmlType, GgufBackend, MetaValue, Metadata, QuantDescriptor, StorageBackend, TensorInfo,
 };
+use flatrun_model::Checkpoint;
+use flatrun_model::gguf_export::{ExportTensor, GgufExport};
 use std::path::PathBuf;
 use std::time::Instant;
 
 /// Arguments of `flatrun quantize`.
 #[derive(Debug, clap::Args)]
 pub struct QuantizeArgs {
-    /// The GGUF to quantize (F32, F16 or BF16 weights).
+    /// The GGUF to quantize (F32, F16 or BF16 weights), or a Hugging Face
+    /// SafeTensors directory (converted as llama.cpp's convert_hf_to_gguf.py
+    /// does, then quantized).
     pub input: PathBuf,
     /// Where to write the result.
     pub output: PathBuf,
@@ -88,35 +97,27 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
             names.join(", ")
         );
     };
-    if args.input.is_dir() {
-        bail!(
-            "{} is a directory: `flatrun quantize` reads a GGUF file\nhint: convert a SafeTensors checkpoint to an F16 GGUF first (llama.cpp's convert_hf_to_gguf.py)",
-            args.input.display()
-        );
-    }
     if args.threads == Some(0) {
         bail!("--threads must be at least 1");
     }
-    let input = GgufBackend::open(&args.input)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", args.input.display()))?;
+    let input = Input::open(&args.input)?;
     if args.output.exists() && same_file(&args.input, &args.output) {
         bail!("the output {} is the input", args.output.display());
     }
     let tensors = input.tensors();
-    let names: Vec<&str> = tensors.iter().map(|t| t.original_name.as_str()).collect();
+    let names: Vec<&str> = tensors.iter().map(|t| t.name.as_str()).collect();
     let facts = model_facts(input.metadata(), &names);
     let order = llama_order(&names);
     let mut chooser = Chooser::new(mix, facts);
     let mut plan = Vec::with_capacity(order.len());
     for &i in &order {
-        let info = &tensors[i];
-        let current = ggml_type(info)
-            .with_context(|| format!("tensor {} has no GGML type", info.original_name))?;
-        let dims: Vec<u64> = info.shape.iter().rev().map(|&d| d as u64).collect();
-        let Some(target) = chooser.choose(&info.original_name, &dims, current) else {
+        let t = &tensors[i];
+        let current = t.ty;
+        let dims = t.dims.clone();
+        let Some(target) = chooser.choose(&t.name, &dims, current) else {
             bail!(
                 "tensor {}: rows of {} values do not hold whole {} blocks, and {} has no fallback type\nhint: choose another type",
-                info.original_name,
+                t.name,
                 dims[0],
                 mix.base,
                 mix.base
@@ -128,7 +129,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         {
             bail!(
                 "tensor {} is already {current}: requantizing it to {target} loses more than quantizing the original\nhint: start from an F16/BF16/F32 GGUF, or pass --allow-requantize",
-                info.original_name
+                t.name
             );
         }
         plan.push((i, dims, current, target));
@@ -145,7 +146,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     let specs: Vec<TensorSpec> = plan
         .iter()
         .map(|(i, dims, _, target)| TensorSpec {
-            name: tensors[*i].original_name.clone(),
+            name: tensors[*i].name.clone(),
             dims: dims.clone(),
             ty: *target,
         })
@@ -160,19 +161,11 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
     let started = Instant::now();
     let (mut bytes_in, mut bytes_out) = (0u64, 0u64);
     for (n, (i, dims, current, target)) in plan.iter().enumerate() {
-        let info = &tensors[*i];
-        let handle = input
-            .tensor(&info.name)
-            .map_err(|e| anyhow::anyhow!("cannot read tensor {}: {e}", info.original_name))?;
-        bytes_in += handle.bytes().len() as u64;
-        let data = if current == target {
-            handle.bytes().to_vec()
-        } else {
-            let values = flatrun_dequant::dequantize_handle_to_vec(&handle)
-                .map_err(|e| anyhow::anyhow!("cannot decode tensor {}: {e}", info.original_name))?;
-            encode(*target, &values, dims[0] as usize, threads)
-                .with_context(|| format!("cannot quantize tensor {}", info.original_name))?
-        };
+        let name = &tensors[*i].name;
+        let (data, read) = input
+            .tensor_bytes(*i, *target, threads)
+            .with_context(|| format!("tensor {name}"))?;
+        bytes_in += read;
         bytes_out += data.len() as u64;
         writer
             .write_tensor(&data)
@@ -182,7 +175,7 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
                 "[{:4}/{:4}] {:<36} {:>20} {:>6} -> {}",
                 n + 1,
                 plan.len(),
-                info.original_name,
+                name,
                 format!("{dims:?}"),
                 current.to_string(),
                 target
@@ -207,6 +200,113 @@ pub fn run(args: &QuantizeArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A tensor of the input, as the GGUF it is (or would be) names and stores it.
+struct InputTensor {
+    name: String,
+    dims: Vec<u64>,
+    ty: GgmlType,
+}
+
+/// What `flatrun quantize` reads: a GGUF, or a Hugging Face directory seen
+/// as the F16 GGUF llama.cpp's converter would write.
+enum Input {
+    Gguf {
+        file: GgufBackend,
+        tensors: Vec<InputTensor>,
+    },
+    HuggingFace {
+        ckpt: Box<Checkpoint>,
+        export: GgufExport,
+        tensors: Vec<InputTensor>,
+    },
+}
+
+impl Input {
+    fn open(path: &std::path::Path) -> Result<Input> {
+        if path.is_dir() {
+            let ckpt = Checkpoint::open(path)
+                .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+            let export = GgufExport::plan(&ckpt)
+                .map_err(|e| anyhow::anyhow!("cannot convert {}: {e}", path.display()))?;
+            let tensors = export
+                .tensors
+                .iter()
+                .map(|t| InputTensor {
+                    name: t.name.clone(),
+                    dims: t.dims.clone(),
+                    ty: t.ty,
+                })
+                .collect();
+            return Ok(Input::HuggingFace {
+                ckpt: Box::new(ckpt),
+                export,
+                tensors,
+            });
+        }
+        let file = GgufBackend::open(path)
+            .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+        let tensors = file
+            .tensors()
+            .iter()
+            .map(|info| {
+                Ok(InputTensor {
+                    name: info.original_name.clone(),
+                    dims: info.shape.iter().rev().map(|&d| d as u64).collect(),
+                    ty: ggml_type(info).with_context(|| {
+                        format!("tensor {} has no GGML type", info.original_name)
+                    })?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Input::Gguf { file, tensors })
+    }
+
+    fn tensors(&self) -> &[InputTensor] {
+        match self {
+            Input::Gguf { tensors, .. } | Input::HuggingFace { tensors, .. } => tensors,
+        }
+    }
+
+    fn metadata(&self) -> &Metadata {
+        match self {
+            Input::Gguf { file, .. } => file.metadata(),
+            Input::HuggingFace { export, .. } => &export.metadata,
+        }
+    }
+
+    /// Tensor `i` encoded as `target`, and the bytes read for it.
+    fn tensor_bytes(&self, i: usize, target: GgmlType, threads: usize) -> Result<(Vec<u8>, u64)> {
+        let row = self.tensors()[i].dims[0] as usize;
+        match self {
+            Input::Gguf { file, tensors } => {
+                let info = &file.tensors()[i];
+                let handle = file
+                    .tensor(&info.name)
+                    .map_err(|e| anyhow::anyhow!("cannot read it: {e}"))?;
+                let read = handle.bytes().len() as u64;
+                if tensors[i].ty == target {
+                    return Ok((handle.bytes().to_vec(), read));
+                }
+                let values = flatrun_dequant::dequantize_handle_to_vec(&handle)
+                    .map_err(|e| anyhow::anyhow!("cannot decode it: {e}"))?;
+                Ok((encode(target, &values, row, threads)?, read))
+            }
+            Input::HuggingFace { ckpt, export, .. } => {
+                let t: &ExportTensor = &export.tensors[i];
+                let handle = ckpt
+                    .backend()
+                    .tensor(&t.source)
+                    .map_err(|e| anyhow::anyhow!("cannot read it: {e}"))?;
+                let read = handle.bytes().len() as u64;
+                let values = flatrun_dequant::dequantize_handle_to_vec(&handle)
+                    .map_err(|e| anyhow::anyhow!("cannot decode it: {e}"))?;
+                let values = GgufExport::values(t, values);
+                Ok((encode(target, &values, row, threads)?, read))
+            }
+        }
+    }
 }
 
 fn same_file(a: &std::path::Path, b: &std::path::Path) -> bool {

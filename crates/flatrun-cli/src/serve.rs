@@ -1,5 +1,9 @@
-//! `flatrun serve`: bind the HTTP server at once, load the model in the
-//! background, then serve it.
+//! `flatrun serve`: bind the HTTP server at once, load the models in the
+//! background, then serve them: the first `--model` answers requests that
+//! name no model (or its own name), every other one (more `--model`s, the
+//! checkpoints in `--models-dir`) requests naming it (its file or
+//! directory name, as `/v1/models` lists it). Each model loads with the
+//! same engine flags, one after the other.
 //!
 //! The HTTP layer and the runtime's [`flatrun_server::BatchModel`] are both
 //! in `flatrun-server` ([`flatrun_server::runtime::engine`]); this module
@@ -7,9 +11,9 @@
 
 use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, residency_name};
 use crate::loading::{check_model_path, header, load};
-use anyhow::{Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use flatrun_server::{Engine, ServeArgs, api_default_sampling};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Arguments of `flatrun serve`.
@@ -17,8 +21,14 @@ use std::sync::Arc;
 pub struct ServeCommand {
     /// Checkpoint: a GGUF file, a SafeTensors / MLX directory, or a pulled
     /// `OWNER/NAME[:QUANT]` from the hub cache.
-    #[arg(long, short, value_parser = crate::hub::model_arg)]
-    pub model: PathBuf,
+    /// Repeat to serve several models: each request picks one by its
+    /// `model` field; the first also answers requests naming none.
+    #[arg(long, short, value_parser = crate::hub::model_arg, required_unless_present = "models_dir")]
+    pub model: Vec<PathBuf>,
+    /// Also serve every checkpoint in this directory (`*.gguf` files and
+    /// directories with a `config.json`), in name order.
+    #[arg(long, value_name = "DIR")]
+    pub models_dir: Option<PathBuf>,
     #[command(flatten)]
     pub server: ServeArgs,
     #[command(flatten)]
@@ -32,7 +42,29 @@ pub struct ServeCommand {
 /// Run `flatrun serve`. `explicit_sampling` names the sampling flags given on
 /// the command line: only those override the APIs' own defaults.
 pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
-    check_model_path(&cmd.model)?;
+    let mut paths = cmd.model.clone();
+    if let Some(dir) = &cmd.models_dir {
+        paths.extend(checkpoints_in(dir)?);
+    }
+    let Some((first, others)) = paths.split_first() else {
+        bail!(
+            "no model to serve\nhint: pass --model, or a --models-dir holding .gguf files or checkpoint directories"
+        );
+    };
+    for path in &paths {
+        check_model_path(path)?;
+    }
+    let mut names = vec![served_name(first)];
+    for path in others {
+        let name = served_name(path);
+        if names.contains(&name) {
+            bail!(
+                "two models would both be served as `{name}`\nhint: rename one file or directory"
+            );
+        }
+        names.push(name);
+    }
+    let (first, others) = (first.clone(), others.to_vec());
     let flags = cmd.sampling.params()?;
     let mut sampling = api_default_sampling();
     if explicit_sampling.contains(&"temperature") {
@@ -48,7 +80,7 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
     let config = cmd.server.server_config(sampling);
     let scheduler = cmd.server.scheduler_config();
     let quiet = cmd.output.quiet;
-    let model_path = cmd.model.clone();
+    let model_path = first;
     let engine_flags = cmd.engine.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,25 +98,38 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
             model_path.display()
         );
         let slot = server.engine_slot();
+        let models = server.models();
+        let mut queue = vec![(model_path, slot)];
+        for (path, name) in others.into_iter().zip(names.into_iter().skip(1)) {
+            // Registered now: a request for it answers 503 until it is loaded.
+            if let Some(slot) = models.add(&name) {
+                queue.push((path, slot));
+            }
+        }
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
         tokio::task::spawn_blocking(move || {
-            let result = load(&model_path, &engine_flags, true).and_then(|loaded| {
-                if !quiet {
-                    eprintln!("{}", header(&loaded));
-                }
-                let residency = residency_name(loaded.options.residency);
-                let engine: Arc<dyn Engine> =
-                    Arc::new(flatrun_server::runtime::engine(loaded.model, scheduler)?);
-                eprintln!(
-                    "ready: model `{}`, residency {residency}",
-                    engine.model_name()
-                );
-                Ok(engine)
-            });
-            match result {
-                Ok(engine) => slot.set(engine),
-                Err(e) => {
-                    let _ = failed_tx.send(format!("{e:#}"));
+            for (path, slot) in queue {
+                let result = load(&path, &engine_flags, true).and_then(|loaded| {
+                    if !quiet {
+                        eprintln!("{}", header(&loaded));
+                    }
+                    let residency = residency_name(loaded.options.residency);
+                    let engine: Arc<dyn Engine> = Arc::new(flatrun_server::runtime::engine(
+                        loaded.model,
+                        scheduler.clone(),
+                    )?);
+                    eprintln!(
+                        "ready: model `{}`, residency {residency}",
+                        engine.model_name()
+                    );
+                    Ok(engine)
+                });
+                match result {
+                    Ok(engine) => slot.set(engine),
+                    Err(e) => {
+                        let _ = failed_tx.send(format!("{}: {e:#}", path.display()));
+                        return;
+                    }
                 }
             }
         });
@@ -108,4 +153,36 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
         eprintln!("server stopped");
         Ok(())
     })
+}
+
+/// The name a model is served under: its file name without `.gguf`, or its
+/// directory name, as the runtime names it.
+fn served_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().trim_end_matches(".gguf").to_string())
+        .unwrap_or_else(|| path.display().to_string())
+}
+
+/// The checkpoints in `dir`: `*.gguf` files and directories holding a
+/// `config.json`, by name.
+fn checkpoints_in(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = std::fs::read_dir(dir)
+        .with_context(|| format!("cannot read --models-dir {}", dir.display()))?;
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+                && p.is_file()
+                || p.join("config.json").is_file()
+        })
+        .collect();
+    found.sort();
+    if found.is_empty() {
+        bail!(
+            "--models-dir {} holds no .gguf file or checkpoint directory",
+            dir.display()
+        );
+    }
+    Ok(found)
 }

@@ -334,7 +334,9 @@ fn best_index_int8(values: &[i8; 16], x: f32) -> usize {
 /// `max / values[0]` and the weights requantized with the best; with
 /// `ntry <= 0` (`quantize_row_iq4_nl_ref`, −1) one least-squares fit of the
 /// first guess is kept. `l` is ggml's index buffer, kept from block to
-/// block: an all-zero block gets scale 0 and the previous block's indices.
+/// block. An all-zero block gets scale 0; its indices are requantized at
+/// inverse scale 0 (all 8, the value nearest 0) with `ntry > 0`, as ggml's
+/// final pass runs for it too, and stay the previous block's otherwise.
 fn quantize_iq4_nl_block(x: &[f32], ntry: i32, l: &mut [u8; 32]) -> BlockIq4Nl {
     let x = &x[..32];
     let values = &KVALUES_IQ4NL;
@@ -351,6 +353,9 @@ fn quantize_iq4_nl_block(x: &[f32], ntry: i32, l: &mut [u8; 32]) -> BlockIq4Nl {
         }
     }
     if amax < 1e-15 {
+        if ntry > 0 {
+            l.fill(best_index_int8(values, 0.0) as u8);
+        }
         for j in 0..16 {
             block.qs[j] = l[j] | (l[16 + j] << 4);
         }
@@ -615,4 +620,29 @@ pub fn quantize_to_vec(ty: GgmlType, src: &[f32]) -> Result<Vec<u8>> {
     let mut dst = vec![0u8; src.len() / block_elems * ty.type_size()];
     quantize(ty, src, &mut dst)?;
     Ok(dst)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A block of zeros after a block of data: llama-quantize's search
+    /// (`ntry` 7) requantizes it to index 8 everywhere (0x88 bytes), the
+    /// reference quantizer keeps the previous block's indices.
+    #[test]
+    fn a_zero_block_takes_index_8_in_the_search_and_the_last_indices_in_the_reference() {
+        let mut src: Vec<f32> = (0..32).map(|i| (i as f32 - 15.5) / 7.0).collect();
+        src.extend([0.0f32; 32]);
+        let mut searched = vec![0u8; 2 * BlockIq4Nl::BLOCK_BYTES];
+        quantize_chunk(GgmlType::IQ4_NL, &src, &mut searched).unwrap();
+        let zero = &searched[BlockIq4Nl::BLOCK_BYTES..];
+        assert_eq!(&zero[..2], &[0, 0], "scale 0");
+        assert!(zero[2..].iter().all(|&b| b == 0x88), "{zero:?}");
+        let mut reference = vec![0u8; 2 * BlockIq4Nl::BLOCK_BYTES];
+        quantize(GgmlType::IQ4_NL, &src, &mut reference).unwrap();
+        assert_eq!(
+            &reference[BlockIq4Nl::BLOCK_BYTES + 2..],
+            &reference[2..BlockIq4Nl::BLOCK_BYTES]
+        );
+    }
 }

@@ -38,55 +38,65 @@ impl HfNaming {
     pub const GENERIC: HfNaming = HfNaming { layer_stems: &[] };
 }
 
+/// GGUF per-layer stems and their canonical stems (`attn_q` ↔ `attn.q`).
+const GGUF_LAYER_STEMS: &[(&str, &str)] = &[
+    ("attn_q", "attn.q"),
+    ("attn_k", "attn.k"),
+    ("attn_v", "attn.v"),
+    ("attn_qkv", "attn.qkv"),
+    ("attn_output", "attn.o"),
+    ("attn_norm", "attn_norm"),
+    ("attn_q_norm", "attn.q_norm"),
+    ("attn_k_norm", "attn.k_norm"),
+    ("attn_sinks", "attn.sinks"),
+    ("post_attention_norm", "post_attn_norm"),
+    ("ffn_norm", "ffn_norm"),
+    ("ffn_gate", "ffn.gate"),
+    ("ffn_up", "ffn.up"),
+    ("ffn_down", "ffn.down"),
+    ("post_ffw_norm", "post_ffn_norm"),
+    ("rope_freqs", "rope_freqs"),
+    // Mixture of experts: router, stacked experts, shared expert.
+    ("ffn_gate_inp", "ffn.gate_inp"),
+    ("ffn_gate_exps", "ffn.gate_exps"),
+    ("ffn_up_exps", "ffn.up_exps"),
+    ("ffn_down_exps", "ffn.down_exps"),
+    ("ffn_gate_shexp", "ffn.gate_shexp"),
+    ("ffn_up_shexp", "ffn.up_shexp"),
+    ("ffn_down_shexp", "ffn.down_shexp"),
+    ("ffn_gate_inp_shexp", "ffn.gate_inp_shexp"),
+    // Qwen3.5 gated delta-net layers and the attention output gate.
+    ("attn_gate", "attn.gate"),
+    ("ssm_conv1d", "ssm.conv1d"),
+    ("ssm_dt", "ssm.dt"),
+    ("ssm_alpha", "ssm.alpha"),
+    ("ssm_beta", "ssm.beta"),
+    ("ssm_norm", "ssm.norm"),
+    ("ssm_out", "ssm.out"),
+];
+
+/// GGUF stems outside the layers and their canonical names.
+const GGUF_GLOBAL_STEMS: &[(&str, &str)] = &[
+    ("token_embd", "embed"),
+    ("output", "output"),
+    ("output_norm", "output_norm"),
+    ("rope_freqs", "rope_freqs"),
+];
+
 /// Canonical stem of a GGUF per-layer tensor (`attn_q` → `attn.q`).
 fn gguf_layer_stem(stem: &str) -> Option<&'static str> {
-    Some(match stem {
-        "attn_q" => "attn.q",
-        "attn_k" => "attn.k",
-        "attn_v" => "attn.v",
-        "attn_qkv" => "attn.qkv",
-        "attn_output" => "attn.o",
-        "attn_norm" => "attn_norm",
-        "attn_q_norm" => "attn.q_norm",
-        "attn_k_norm" => "attn.k_norm",
-        "attn_sinks" => "attn.sinks",
-        "post_attention_norm" => "post_attn_norm",
-        "ffn_norm" => "ffn_norm",
-        "ffn_gate" => "ffn.gate",
-        "ffn_up" => "ffn.up",
-        "ffn_down" => "ffn.down",
-        "post_ffw_norm" => "post_ffn_norm",
-        "rope_freqs" => "rope_freqs",
-        // Mixture of experts: router, stacked experts, shared expert.
-        "ffn_gate_inp" => "ffn.gate_inp",
-        "ffn_gate_exps" => "ffn.gate_exps",
-        "ffn_up_exps" => "ffn.up_exps",
-        "ffn_down_exps" => "ffn.down_exps",
-        "ffn_gate_shexp" => "ffn.gate_shexp",
-        "ffn_up_shexp" => "ffn.up_shexp",
-        "ffn_down_shexp" => "ffn.down_shexp",
-        "ffn_gate_inp_shexp" => "ffn.gate_inp_shexp",
-        // Qwen3.5 gated delta-net layers and the attention output gate.
-        "attn_gate" => "attn.gate",
-        "ssm_conv1d" => "ssm.conv1d",
-        "ssm_dt" => "ssm.dt",
-        "ssm_alpha" => "ssm.alpha",
-        "ssm_beta" => "ssm.beta",
-        "ssm_norm" => "ssm.norm",
-        "ssm_out" => "ssm.out",
-        _ => return None,
-    })
+    GGUF_LAYER_STEMS
+        .iter()
+        .find(|(g, _)| *g == stem)
+        .map(|(_, c)| *c)
 }
 
 /// Canonical name of a GGUF tensor outside the layers.
 fn gguf_global_stem(stem: &str) -> Option<&'static str> {
-    Some(match stem {
-        "token_embd" => "embed",
-        "output" => "output",
-        "output_norm" => "output_norm",
-        "rope_freqs" => "rope_freqs",
-        _ => return None,
-    })
+    GGUF_GLOBAL_STEMS
+        .iter()
+        .find(|(g, _)| *g == stem)
+        .map(|(_, c)| *c)
 }
 
 /// Split `stem.weight` / `stem.bias` into the stem and the canonical suffix.
@@ -128,6 +138,33 @@ pub fn canonical_gguf_name(name: &str) -> Option<String> {
         return Some(format!("layers.{layer}.{canonical}{suffix}"));
     }
     gguf_global_stem(stem).map(|c| format!("{c}{suffix}"))
+}
+
+/// The GGUF name of a canonical tensor name (the inverse of
+/// [`canonical_gguf_name`]), or `None` when GGUF has no name for it.
+///
+/// ```
+/// use flatrun_format::names::gguf_name;
+/// assert_eq!(gguf_name("layers.3.attn.q").as_deref(), Some("blk.3.attn_q.weight"));
+/// assert_eq!(gguf_name("layers.3.attn.q.bias").as_deref(), Some("blk.3.attn_q.bias"));
+/// assert_eq!(gguf_name("embed").as_deref(), Some("token_embd.weight"));
+/// assert_eq!(gguf_name("layers.0.mystery"), None);
+/// ```
+pub fn gguf_name(canonical: &str) -> Option<String> {
+    let (stem, suffix) = match canonical.strip_suffix(".bias") {
+        Some(stem) => (stem, "bias"),
+        None => (canonical, "weight"),
+    };
+    if let Some(rest) = stem.strip_prefix("layers.") {
+        let (layer, stem) = split_layer(rest)?;
+        if stem == "ssm.a" && suffix == "weight" {
+            return Some(format!("blk.{layer}.ssm_a"));
+        }
+        let (gguf, _) = GGUF_LAYER_STEMS.iter().find(|(_, c)| *c == stem)?;
+        return Some(format!("blk.{layer}.{gguf}.{suffix}"));
+    }
+    let (gguf, _) = GGUF_GLOBAL_STEMS.iter().find(|(_, c)| *c == stem)?;
+    Some(format!("{gguf}.{suffix}"))
 }
 
 /// Canonical stem of a Hugging Face per-layer tensor: the family's own
@@ -311,6 +348,26 @@ mod tests {
         );
         assert_eq!(n("model.layers.3.mlp.experts.weight", l), None);
         assert_eq!(n("vision_tower.x.weight", l), None);
+    }
+
+    #[test]
+    fn gguf_names_round_trip() {
+        for (gguf, _) in GGUF_LAYER_STEMS {
+            for suffix in ["weight", "bias"] {
+                let name = format!("blk.7.{gguf}.{suffix}");
+                let canonical = canonical_gguf_name(&name).unwrap();
+                assert_eq!(gguf_name(&canonical).as_deref(), Some(name.as_str()));
+            }
+        }
+        for name in [
+            "token_embd.weight",
+            "output.weight",
+            "output_norm.weight",
+            "blk.2.ssm_a",
+        ] {
+            let canonical = canonical_gguf_name(name).unwrap();
+            assert_eq!(gguf_name(&canonical).as_deref(), Some(name), "{name}");
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod arch;
 pub mod checkpoint;
 pub mod config;
 pub mod error;
+pub mod gguf_export;
 pub mod manifest;
 pub mod pooling;
 pub use arch::{Architecture, Role, architecture};

@@ -379,7 +379,7 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
     let Some(max_tokens) = request.max_tokens else {
         return Err(ApiError::invalid(FLAVOR, "max_tokens: Field required"));
     };
-    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
     let thinking = match &request.thinking {
         None => false,
         Some(t) if t.kind == "disabled" => false,
@@ -495,7 +495,7 @@ pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Respo
     let result = (|| {
         let engine = state.engine(FLAVOR)?;
         let request: CountTokensRequest = parse_json(FLAVOR, body)?;
-        state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+        let (engine, _) = state.route(FLAVOR, &engine, request.model.as_deref())?;
         let tools = tool_set(request.tools, request.tool_choice)?;
         let turns = chat_messages(request.system, request.messages)?;
         let exact = (ContextOverflow::Error, usize::MAX);

@@ -73,6 +73,7 @@ pub mod grammar;
 pub mod metrics;
 #[cfg(feature = "testing")]
 pub mod mock;
+pub mod models;
 pub mod openai;
 pub mod output;
 pub mod overflow;
@@ -95,6 +96,7 @@ pub use config::{ServerConfig, api_default_sampling};
 pub use engine::{
     Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationStream, Usage,
 };
+pub use models::ModelSet;
 pub use scheduler::{BatchEngine, SchedulerConfig};
 pub use server::{Server, ServerError, router, serve, serve_loading, shutdown_signal};
 pub use state::{AppState, EngineSlot};

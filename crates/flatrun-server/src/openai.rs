@@ -541,7 +541,7 @@ pub async fn chat_completions(State(state): State<AppState>, body: RawBody) -> R
 async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
     let engine = state.engine(FLAVOR)?;
     let request: ChatCompletionRequest = parse_json(FLAVOR, body)?;
-    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
     let n = check_n(request.n)?;
     if request.audio.is_some() {
         return Err(unsupported("audio", "this server generates text only"));
@@ -831,7 +831,7 @@ pub async fn completions(State(state): State<AppState>, body: RawBody) -> Respon
 async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
     let engine = state.engine(FLAVOR)?;
     let request: CompletionRequest = parse_json(FLAVOR, body)?;
-    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
     let n = check_n(request.n)?;
     if request.best_of.is_some_and(|b| b as usize != n) {
         return Err(unsupported("best_of", "each choice is returned (use n)"));
@@ -1041,7 +1041,7 @@ pub async fn list_models(State(state): State<AppState>) -> Response {
     match state.engine(FLAVOR) {
         Ok(engine) => Json(json!({
             "object": "list",
-            "data": [model_object(&state.model_name(engine.as_ref()))],
+            "data": state.served_names(engine.as_ref()).iter().map(|n| model_object(n)).collect::<Vec<_>>(),
         }))
         .into_response(),
         Err(error) => error.into_response(),
@@ -1050,9 +1050,11 @@ pub async fn list_models(State(state): State<AppState>) -> Response {
 
 /// `GET /v1/models/{id}`.
 pub async fn get_model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let result = state
-        .engine(FLAVOR)
-        .and_then(|engine| state.check_model(FLAVOR, engine.as_ref(), Some(&id)));
+    let result = state.engine(FLAVOR).and_then(|engine| {
+        state
+            .route(FLAVOR, &engine, Some(&id))
+            .map(|(_, name)| name)
+    });
     match result {
         Ok(name) => Json(model_object(&name)).into_response(),
         Err(error) => error.into_response(),
@@ -1391,7 +1393,7 @@ async fn embeddings_inner(state: AppState, body: RawBody) -> Result<Response, Ap
     use base64::Engine as _;
     let engine = state.engine(FLAVOR)?;
     let request: EmbeddingRequest = parse_json(FLAVOR, body)?;
-    let model = state.check_model(FLAVOR, engine.as_ref(), request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
     if request.dimensions.is_some() {
         return Err(unsupported(
             "dimensions",

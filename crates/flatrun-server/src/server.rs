@@ -23,6 +23,7 @@ use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::config::ServerConfig;
 use crate::engine::Engine;
 use crate::metrics::Metrics;
+use crate::models::ModelSet;
 use crate::request_body::{RawBody, parse_json};
 use crate::state::{AppState, EngineSlot};
 use crate::{anthropic, openai};
@@ -357,6 +358,7 @@ impl Server {
             listener,
             state: AppState {
                 engine: EngineSlot::default(),
+                models: ModelSet::default(),
                 config: Arc::new(config),
                 metrics: Arc::new(Metrics::default()),
             },
@@ -371,6 +373,11 @@ impl Server {
     /// Where to install the engine once it is loaded.
     pub fn engine_slot(&self) -> EngineSlot {
         self.state.engine.clone()
+    }
+
+    /// The other models this server answers for, by name.
+    pub fn models(&self) -> ModelSet {
+        self.state.models.clone()
     }
 
     /// Serves until `shutdown` completes, then stops accepting, lets

@@ -7,6 +7,7 @@ use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::config::ServerConfig;
 use crate::engine::{Engine, GenerationRequest, GenerationStream};
 use crate::metrics::Metrics;
+use crate::models::ModelSet;
 use flatrun_model::sampling::SamplingParams;
 
 /// Where the engine appears once loaded; `/health` answers 503 until then.
@@ -27,7 +28,10 @@ impl EngineSlot {
 /// Everything a handler needs.
 #[derive(Clone)]
 pub struct AppState {
+    /// The first model (the one `/health` waits for).
     pub engine: EngineSlot,
+    /// The other models, by name.
+    pub models: ModelSet,
     pub config: Arc<ServerConfig>,
     pub metrics: Arc<Metrics>,
 }
@@ -58,24 +62,53 @@ impl AppState {
             .unwrap_or_else(|| engine.model_name().to_string())
     }
 
-    /// Accepts the served name (or no name); anything else is a 404.
-    pub fn check_model(
+    /// The engine and name a request's `model` field picks: the first
+    /// model (`default`) for no name or its own, another served model by
+    /// its name (a 503 while it loads); any other name is a 404 listing
+    /// what this server serves.
+    pub fn route(
         &self,
         flavor: ApiFlavor,
-        engine: &dyn Engine,
+        default: &Arc<dyn Engine>,
         requested: Option<&str>,
-    ) -> Result<String, ApiError> {
-        let served = self.model_name(engine);
-        match requested {
-            None | Some("") => Ok(served),
-            Some(name) if name == served => Ok(served),
-            Some(name) => Err(ApiError::new(
+    ) -> Result<(Arc<dyn Engine>, String), ApiError> {
+        let served = self.model_name(default.as_ref());
+        let name = match requested {
+            None | Some("") => return Ok((default.clone(), served)),
+            Some(name) if name == served => return Ok((default.clone(), served)),
+            Some(name) => name,
+        };
+        match self.models.get(name) {
+            Some(slot) => match slot.get() {
+                Some(engine) => Ok((engine.clone(), name.to_string())),
+                None => Err(ApiError::new(
+                    flavor,
+                    ErrorKind::Unavailable,
+                    format!("model `{name}` is still loading"),
+                )
+                .with_code("model_loading")),
+            },
+            None => Err(ApiError::new(
                 flavor,
                 ErrorKind::NotFound,
-                format!("model `{name}` not found: this server serves `{served}`"),
+                format!(
+                    "model `{name}` not found: this server serves {}",
+                    self.served_names(default.as_ref())
+                        .iter()
+                        .map(|n| format!("`{n}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             )
             .with_code("model_not_found")),
         }
+    }
+
+    /// The names of every served model, the first model's first.
+    pub fn served_names(&self, default: &dyn Engine) -> Vec<String> {
+        let mut names = vec![self.model_name(default)];
+        names.extend(self.models.names());
+        names
     }
 
     /// Sampling of a request: its own fields over the server's defaults.

@@ -90,3 +90,30 @@ pub fn stdout_of(out: &std::process::Output) -> String {
 pub fn stderr_of(out: &std::process::Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// A Hugging Face checkpoint directory written by
+/// scripts/gen_hf_checkpoints.py (under FLATRUN_HF_CKPT), or `None` (after a
+/// skip message) when it is missing and FLATRUN_REQUIRE_MODELS is not 1.
+pub fn hf_checkpoint(variant: &str) -> Option<PathBuf> {
+    let root = std::env::var_os("FLATRUN_HF_CKPT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+                .join(".cache/flatrun/hf-ckpt")
+        });
+    let dir = root.join(variant);
+    if dir.join("config.json").is_file() {
+        return Some(dir);
+    }
+    if required() {
+        panic!(
+            "checkpoint {} is missing and FLATRUN_REQUIRE_MODELS=1 (run scripts/setup-test-env.sh)",
+            dir.display()
+        );
+    }
+    eprintln!(
+        "skipping: checkpoint {} not found (run scripts/setup-test-env.sh)",
+        dir.display()
+    );
+    None
+}

@@ -20,6 +20,7 @@
 mod bpe;
 mod byte_level;
 mod error;
+mod gguf_keys;
 mod hash;
 mod hf;
 mod pre_tokenizer;
@@ -31,6 +32,7 @@ mod text_table;
 mod vocab;
 
 pub use error::TokenizerError;
+pub use gguf_keys::gguf_tokenizer_keys;
 pub use stream::StreamDecoder;
 pub use vocab::TokenKind;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use flatrun_server::mock::{MockConfig, MockStats, mock_engine};
-use flatrun_server::{EngineSlot, SchedulerConfig, Server, ServerConfig};
+use flatrun_server::{EngineSlot, ModelSet, SchedulerConfig, Server, ServerConfig};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -22,6 +22,8 @@ pub struct TestServer {
     pub addr: SocketAddr,
     pub stats: Arc<MockStats>,
     pub slot: EngineSlot,
+    /// The server's other models, by name.
+    pub models: ModelSet,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<Result<(), flatrun_server::ServerError>>>,
 }
@@ -45,6 +47,7 @@ impl TestServer {
         let server = Server::bind(config).await.expect("bind");
         let addr = server.local_addr().expect("addr");
         let slot = server.engine_slot();
+        let models = server.models();
         let (tx, rx) = oneshot::channel::<()>();
         let handle = tokio::spawn(server.run_until(async move {
             let _ = rx.await;
@@ -53,6 +56,7 @@ impl TestServer {
             addr,
             stats,
             slot,
+            models,
             stop: Some(tx),
             handle: Some(handle),
         };
