@@ -317,13 +317,13 @@ pub mod server_request {
                 max_tokens_limit: Some(64),
                 ..ServerConfig::default()
             };
+            let slot = EngineSlot::default();
             let state = AppState {
-                engine: EngineSlot::default(),
-                models: Default::default(),
+                models: flatrun_server::ModelSet::new(config.model_policy, slot.clone()),
                 config: Arc::new(config),
                 metrics: Arc::new(Metrics::default()),
             };
-            state.engine.set(Arc::new(engine));
+            slot.set(Arc::new(engine));
             Harness {
                 runtime,
                 app: flatrun_server::router(state),

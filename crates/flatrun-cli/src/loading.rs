@@ -49,7 +49,12 @@ pub fn check_model_path(path: &Path) -> Result<()> {
 /// Load `path` with `flags`, showing a spinner on a terminal.
 pub fn load(path: &Path, flags: &EngineFlags, quiet: bool) -> Result<Loaded> {
     check_model_path(path)?;
-    let options = flags.load_options(path)?;
+    load_with(path, flags.load_options(path)?, quiet)
+}
+
+/// Load `path` with `options` (made from the flags), showing a spinner on
+/// a terminal.
+pub fn load_with(path: &Path, options: LoadOptions, quiet: bool) -> Result<Loaded> {
     let mut what = format!(
         "mapping {} ({})",
         path.display(),

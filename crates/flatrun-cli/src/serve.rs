@@ -1,18 +1,23 @@
-//! `flatrun serve`: bind the HTTP server at once, load the models in the
-//! background, then serve them: the first `--model` answers requests that
+//! `flatrun serve`: bind the HTTP server at once, load the first model in
+//! the background, then serve: the first `--model` answers requests that
 //! name no model (or its own name), every other one (more `--model`s, the
 //! checkpoints in `--models-dir`) requests naming it (its file or
-//! directory name, as `/v1/models` lists it). Each model loads with the
-//! same engine flags, one after the other.
+//! directory name, as `/v1/models` lists it). The others load on their
+//! first request, all with the same engine flags; with `--max-resident`
+//! each gets the residency that fits what the budget has left
+//! ([`flatrun_server::models`]).
 //!
 //! The HTTP layer and the runtime's [`flatrun_server::BatchModel`] are both
 //! in `flatrun-server` ([`flatrun_server::runtime::engine`]); this module
 //! only turns the command line into their settings and reports progress.
 
 use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, residency_name};
-use crate::loading::{check_model_path, header, load};
+use crate::loading::{check_model_path, header, load_with};
 use anyhow::{Context, Result, anyhow, bail};
-use flatrun_server::{Engine, ServeArgs, api_default_sampling};
+use flatrun_runtime::{LoadOptions, Residency};
+use flatrun_server::{
+    Engine, Footprint, LoadedModel, ModelLoader, SchedulerConfig, ServeArgs, api_default_sampling,
+};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -64,7 +69,11 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
         }
         names.push(name);
     }
-    let (first, others) = (first.clone(), others.to_vec());
+    if cmd.server.max_resident.is_some() && !cmd.engine.residency.is_empty() {
+        bail!(
+            "--max-resident chooses each model's residency itself\nhint: drop --residency, or drop --max-resident"
+        );
+    }
     let flags = cmd.sampling.params()?;
     let mut sampling = api_default_sampling();
     if explicit_sampling.contains(&"temperature") {
@@ -79,9 +88,20 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
     sampling.seed = flags.seed;
     let config = cmd.server.server_config(sampling);
     let scheduler = cmd.server.scheduler_config();
-    let quiet = cmd.output.quiet;
-    let model_path = first;
-    let engine_flags = cmd.engine.clone();
+    let loaders: Vec<(String, Arc<dyn ModelLoader>)> = paths
+        .iter()
+        .zip(names)
+        .map(|(path, name)| {
+            let loader: Arc<dyn ModelLoader> = Arc::new(CheckpointLoader {
+                path: path.clone(),
+                flags: cmd.engine.clone(),
+                scheduler: scheduler.clone(),
+                quiet: cmd.output.quiet,
+            });
+            (name, loader)
+        })
+        .collect();
+    let first_path = paths[0].clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -95,42 +115,23 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
         // Tests read this line to learn the port.
         eprintln!(
             "listening on http://{bound} (loading {})",
-            model_path.display()
+            first_path.display()
         );
-        let slot = server.engine_slot();
         let models = server.models();
-        let mut queue = vec![(model_path, slot)];
-        for (path, name) in others.into_iter().zip(names.into_iter().skip(1)) {
-            // Registered now: a request for it answers 503 until it is loaded.
-            if let Some(slot) = models.add(&name) {
-                queue.push((path, slot));
-            }
+        let mut loaders = loaders.into_iter();
+        if let Some((name, loader)) = loaders.next() {
+            models.set_default_loader(&name, loader);
         }
+        for (name, loader) in loaders {
+            models.add_loader(&name, loader);
+        }
+        // The first model loads now (`/health` is 503 until it is ready);
+        // a failure stops the server.
         let (failed_tx, failed_rx) = tokio::sync::oneshot::channel::<String>();
-        tokio::task::spawn_blocking(move || {
-            for (path, slot) in queue {
-                let result = load(&path, &engine_flags, true).and_then(|loaded| {
-                    if !quiet {
-                        eprintln!("{}", header(&loaded));
-                    }
-                    let residency = residency_name(loaded.options.residency);
-                    let engine: Arc<dyn Engine> = Arc::new(flatrun_server::runtime::engine(
-                        loaded.model,
-                        scheduler.clone(),
-                    )?);
-                    eprintln!(
-                        "ready: model `{}`, residency {residency}",
-                        engine.model_name()
-                    );
-                    Ok(engine)
-                });
-                match result {
-                    Ok(engine) => slot.set(engine),
-                    Err(e) => {
-                        let _ = failed_tx.send(format!("{}: {e:#}", path.display()));
-                        return;
-                    }
-                }
+        let first = models.clone();
+        tokio::spawn(async move {
+            if let Err(e) = first.acquire(0).await {
+                let _ = failed_tx.send(format!("{}: {e}", first_path.display()));
             }
         });
         let (error_tx, mut error_rx) = tokio::sync::oneshot::channel::<String>();
@@ -153,6 +154,76 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
         eprintln!("server stopped");
         Ok(())
     })
+}
+
+/// Loads one checkpoint with the engine flags, within the budget the
+/// server gives it.
+struct CheckpointLoader {
+    path: PathBuf,
+    flags: EngineFlags,
+    scheduler: SchedulerConfig,
+    quiet: bool,
+}
+
+impl CheckpointLoader {
+    fn options(&self) -> Result<LoadOptions, String> {
+        self.flags
+            .load_options(&self.path)
+            .map_err(|e| format!("{e:#}"))
+    }
+}
+
+impl ModelLoader for CheckpointLoader {
+    fn footprint(&self) -> Result<Footprint, String> {
+        let options = self.options()?;
+        let peak = |residency| {
+            let options = LoadOptions {
+                residency,
+                ..options.clone()
+            };
+            flatrun_runtime::plan_memory(&self.path, &options)
+                .map(|plan| plan.peak_bytes)
+                .map_err(|e| format!("cannot plan {}: {e}", self.path.display()))
+        };
+        Ok(Footprint {
+            resident: peak(Residency::Resident)?,
+            least: peak(Residency::Stream)?,
+        })
+    }
+
+    fn load(&self, budget: Option<u64>) -> Result<LoadedModel, String> {
+        let mut options = self.options()?;
+        if let Some(budget) = budget {
+            options.residency = flatrun_runtime::plan_within(&self.path, &options, budget)
+                .map_err(|e| format!("cannot plan {}: {e}", self.path.display()))?
+                .residency;
+        }
+        let result = load_with(&self.path, options, true).and_then(|loaded| {
+            if !self.quiet {
+                eprintln!("{}", header(&loaded));
+            }
+            let residency = residency_name(loaded.options.residency);
+            let memory_bytes = loaded.model.memory_plan().peak_bytes;
+            let engine: Arc<dyn Engine> = Arc::new(flatrun_server::runtime::engine(
+                loaded.model,
+                self.scheduler.clone(),
+            )?);
+            eprintln!(
+                "ready: model `{}`, residency {residency}",
+                engine.model_name()
+            );
+            Ok(LoadedModel {
+                engine,
+                memory_bytes,
+                residency,
+            })
+        });
+        result.map_err(|e| format!("{e:#}"))
+    }
+
+    fn unloaded(&self, why: &str) {
+        eprintln!("unloaded: model `{}` ({why})", served_name(&self.path));
+    }
 }
 
 /// The name a model is served under: its file name without `.gguf`, or its

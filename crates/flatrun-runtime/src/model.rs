@@ -35,16 +35,41 @@ pub struct Model {
 /// has (inside a memory cgroup, its limit less its usage; see
 /// [`MemoryPlan::default_residency`]). Reads only the checkpoint's header.
 pub fn default_residency(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Residency> {
-    let checkpoint = Checkpoint::open(path.as_ref())?;
-    let mut cfg = checkpoint.config()?;
-    let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
-    cfg.vocab_size = manifest.vocab_size();
+    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
     Ok(MemoryPlan::default_residency(
         &cfg,
         &manifest,
         opts,
         crate::memory::memory_headroom(),
     ))
+}
+
+/// The memory plan of the model at `path` with `opts` (what
+/// [`Model::load`] would check), from the checkpoint's header alone.
+pub fn plan_memory(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<MemoryPlan> {
+    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
+    Ok(MemoryPlan::new(
+        &cfg,
+        &manifest,
+        opts,
+        crate::memory::memory_headroom(),
+    ))
+}
+
+/// The plan that keeps the model at `path` within `budget` bytes
+/// ([`MemoryPlan::within`]: resident, capped or streamed), from the
+/// checkpoint's header alone; load it with `plan.residency`.
+pub fn plan_within(path: impl AsRef<Path>, opts: &LoadOptions, budget: u64) -> Result<MemoryPlan> {
+    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
+    Ok(MemoryPlan::within(&cfg, &manifest, opts, budget))
+}
+
+fn header_plan_inputs(path: &Path) -> Result<(ModelConfig, Manifest)> {
+    let checkpoint = Checkpoint::open(path)?;
+    let mut cfg = checkpoint.config()?;
+    let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
+    cfg.vocab_size = manifest.vocab_size();
+    Ok((cfg, manifest))
 }
 
 impl Model {

@@ -308,6 +308,48 @@ impl MemoryPlan {
         }
     }
 
+    /// The plan that keeps a model within `budget` bytes of peak memory:
+    /// everything resident when that whole plan fits (weights, the cache at
+    /// the context size, work buffers), else a cap on the kept weights with
+    /// the cache streamed from its file, else stream mode. The plan
+    /// returned may still exceed `budget` (stream mode is the least a model
+    /// needs); callers compare [`MemoryPlan::peak_bytes`].
+    pub fn within(
+        cfg: &ModelConfig,
+        manifest: &Manifest,
+        opts: &LoadOptions,
+        budget: u64,
+    ) -> MemoryPlan {
+        let plan = |residency| {
+            MemoryPlan::new(
+                cfg,
+                manifest,
+                &LoadOptions {
+                    residency,
+                    ..opts.clone()
+                },
+                None,
+            )
+        };
+        let resident = plan(Residency::Resident);
+        if resident.peak_bytes <= budget {
+            return resident;
+        }
+        let stream = plan(Residency::Stream);
+        // A cap holds the kept weights and the read buffers; the streamed
+        // cache's layers in memory and the work buffers come on top.
+        if let Some(cap) = budget.checked_sub(stream.kv_in_memory_bytes + stream.work_bytes) {
+            let capped = plan(Residency::Cap(cap));
+            if capped.check().is_ok()
+                && capped.resident_weight_bytes > 0
+                && capped.peak_bytes <= budget
+            {
+                return capped;
+            }
+        }
+        stream
+    }
+
     /// An error, before anything is read, when the plan cannot work: a
     /// quantized cache whose heads are not whole blocks, a cap below the
     /// read buffers it must hold, or more than the memory left to the

@@ -310,3 +310,30 @@ fn default_residency_plans_from_the_headroom() {
         Residency::Stream
     );
 }
+
+#[test]
+fn a_plan_within_a_budget_is_resident_then_capped_then_streamed() {
+    let cfg = qwen_like(64);
+    let m = uniform(24, 10 << 20, 130 << 20);
+    let opts = LoadOptions {
+        ctx: Some(4096),
+        ..LoadOptions::default()
+    };
+    let resident = MemoryPlan::within(&cfg, &m, &opts, 8 << 30);
+    assert_eq!(resident.residency, Residency::Resident);
+    // Less than the resident plan needs: a cap, and its peak within the budget.
+    let budget = resident.peak_bytes - (100 << 20);
+    let capped = MemoryPlan::within(&cfg, &m, &opts, budget);
+    assert!(matches!(capped.residency, Residency::Cap(_)), "{capped:?}");
+    assert!(
+        capped.peak_bytes <= budget,
+        "{} > {budget}",
+        capped.peak_bytes
+    );
+    assert!(capped.resident_weight_bytes > 200 << 20);
+    assert!(capped.check().is_ok());
+    // Too little for any kept layer: stream mode, the least a model needs.
+    let streamed = MemoryPlan::within(&cfg, &m, &opts, 20 << 20);
+    assert_eq!(streamed.residency, Residency::Stream);
+    assert!(streamed.peak_bytes < capped.peak_bytes);
+}

@@ -374,12 +374,11 @@ pub async fn messages(State(state): State<AppState>, body: RawBody) -> Response 
 }
 
 async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
-    let engine = state.engine(FLAVOR)?;
     let request: MessagesRequest = parse_json(FLAVOR, body)?;
     let Some(max_tokens) = request.max_tokens else {
         return Err(ApiError::invalid(FLAVOR, "max_tokens: Field required"));
     };
-    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, request.model.as_deref()).await?;
     let thinking = match &request.thinking {
         None => false,
         Some(t) if t.kind == "disabled" => false,
@@ -492,16 +491,16 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
 
 /// `POST /v1/messages/count_tokens`.
 pub async fn count_tokens(State(state): State<AppState>, body: RawBody) -> Response {
-    let result = (|| {
-        let engine = state.engine(FLAVOR)?;
+    let result = async {
         let request: CountTokensRequest = parse_json(FLAVOR, body)?;
-        let (engine, _) = state.route(FLAVOR, &engine, request.model.as_deref())?;
+        let (engine, _) = state.route(FLAVOR, request.model.as_deref()).await?;
         let tools = tool_set(request.tools, request.tool_choice)?;
         let turns = chat_messages(request.system, request.messages)?;
         let exact = (ContextOverflow::Error, usize::MAX);
         let prompt = encode(engine.as_ref(), &turns, &tools, exact)?;
         Ok::<_, ApiError>(json!({"input_tokens": prompt.tokens.len()}))
-    })();
+    }
+    .await;
     match result {
         Ok(body) => Json(body).into_response(),
         Err(error) => error.into_response(),

@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::config::{ContextOverflow, ServerConfig};
+use crate::models::ModelPolicy;
 use crate::scheduler::SchedulerConfig;
 use flatrun_model::sampling::SamplingParams;
 
@@ -75,6 +76,16 @@ pub struct ServeArgs {
     /// it the server sends no CORS headers.
     #[arg(long = "cors", value_name = "ORIGIN")]
     pub cors: Vec<String>,
+    /// Memory the served models may plan for together (weights kept,
+    /// KV caches, buffers; K/M/G suffixes): each model loads on its first
+    /// request, resident while it fits, capped or streamed beyond; idle
+    /// models are unloaded, least recently used first, to make room.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_resident: Option<usize>,
+    /// Unload a model after this many seconds without requests (`5m`,
+    /// `1h` and `30s` work too; default: keep it until room is needed).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub keep_alive: Option<Duration>,
 }
 
 impl ServeArgs {
@@ -97,6 +108,10 @@ impl ServeArgs {
             max_header_bytes: self.max_header,
             cors_origins: self.cors.clone(),
             context_overflow: self.context_overflow,
+            model_policy: ModelPolicy {
+                max_resident: self.max_resident.map(|b| b as u64),
+                keep_alive: self.keep_alive,
+            },
         }
     }
 
@@ -117,6 +132,27 @@ fn parse_overflow(text: &str) -> Result<ContextOverflow, String> {
 
 fn seconds(value: f64) -> Duration {
     Duration::try_from_secs_f64(value.max(0.0)).unwrap_or(Duration::MAX)
+}
+
+/// Parses `90` (seconds), `30s`, `5m`, `1h`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let (digits, unit) = match t.chars().last() {
+        Some('s') => (&t[..t.len() - 1], 1.0),
+        Some('m') => (&t[..t.len() - 1], 60.0),
+        Some('h') => (&t[..t.len() - 1], 3600.0),
+        _ => (t.as_str(), 1.0),
+    };
+    let value: f64 = digits
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (use 90, 30s, 5m or 1h)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!(
+            "`{text}` is not a duration (use 90, 30s, 5m or 1h)"
+        ));
+    }
+    Ok(seconds(value * unit))
 }
 
 /// Parses `4096`, `512K`, `4M`, `1G` (powers of 1024; `B`/`iB` suffixes allowed).
@@ -156,6 +192,20 @@ mod tests {
         assert_eq!(parse_size("4MiB"), Ok(4 << 20));
         assert_eq!(parse_size("1g"), Ok(1 << 30));
         assert!(parse_size("lots").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("0.5h"), Ok(Duration::from_secs(1800)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("-1").is_err());
+        let cli = Cli::parse_from(["serve", "--max-resident", "20G", "--keep-alive", "5m"]);
+        let policy = cli.serve.server_config(api_default_sampling()).model_policy;
+        assert_eq!(policy.max_resident, Some(20 << 30));
+        assert_eq!(policy.keep_alive, Some(Duration::from_secs(300)));
     }
 
     #[test]

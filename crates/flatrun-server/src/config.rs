@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use crate::models::ModelPolicy;
 use flatrun_model::sampling::SamplingParams;
 
 /// Settings of the HTTP server. The batch limits (`--max-seqs`,
@@ -51,6 +52,9 @@ pub struct ServerConfig {
     pub cors_origins: Vec<String>,
     /// What a request too long for the context gets (`--context-overflow`).
     pub context_overflow: ContextOverflow,
+    /// The memory budget of the served models and when idle ones unload
+    /// (`--max-resident`, `--keep-alive`).
+    pub model_policy: ModelPolicy,
 }
 
 /// What happens to a request whose prompt plus `max_tokens` does not fit
@@ -106,6 +110,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             cors_origins: Vec::new(),
             context_overflow: ContextOverflow::Error,
+            model_policy: ModelPolicy::default(),
         }
     }
 }

@@ -96,7 +96,7 @@ pub use config::{ServerConfig, api_default_sampling};
 pub use engine::{
     Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest, GenerationStream, Usage,
 };
-pub use models::ModelSet;
+pub use models::{Footprint, LoadedModel, ModelLoader, ModelPolicy, ModelSet};
 pub use scheduler::{BatchEngine, SchedulerConfig};
 pub use server::{Server, ServerError, router, serve, serve_loading, shutdown_signal};
 pub use state::{AppState, EngineSlot};

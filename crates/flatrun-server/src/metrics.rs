@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use crate::engine::Engine;
+use crate::models::ModelStatus;
 
 /// HTTP-side counters.
 #[derive(Debug)]
@@ -60,7 +61,14 @@ impl Metrics {
     }
 
     /// The exposition text; `engine` is `None` while the model loads.
-    pub fn render(&self, engine: Option<&dyn Engine>) -> String {
+    /// The metrics text: the counters of the default model's `engine` (when
+    /// in memory), then every served model's state under a `model` label.
+    pub fn render(
+        &self,
+        engine: Option<&dyn Engine>,
+        models: &[ModelStatus],
+        budget: Option<u64>,
+    ) -> String {
         let mut out = String::new();
         let mut metric = |name: &str, kind: &str, help: &str, samples: &[(String, String)]| {
             let _ = writeln!(out, "# HELP {name} {help}");
@@ -213,6 +221,44 @@ impl Metrics {
                 &plain(total.to_string()),
             );
         }
+        let labelled = |value: &dyn Fn(&ModelStatus) -> String| -> Vec<(String, String)> {
+            models
+                .iter()
+                .map(|m| (format!("{{model=\"{}\"}}", label(&m.name)), value(m)))
+                .collect()
+        };
+        metric(
+            "flatrun_served_model_loaded",
+            "gauge",
+            "1 while the served model is in memory.",
+            &labelled(&|m| u8::from(m.loaded).to_string()),
+        );
+        metric(
+            "flatrun_served_model_memory_bytes",
+            "gauge",
+            "Peak memory of the plan a loaded model runs with (models the server loads itself).",
+            &labelled(&|m| m.memory_bytes.to_string()),
+        );
+        metric(
+            "flatrun_served_model_loads_total",
+            "counter",
+            "Times the served model was loaded.",
+            &labelled(&|m| m.loads.to_string()),
+        );
+        metric(
+            "flatrun_served_model_unloads_total",
+            "counter",
+            "Times the served model was unloaded (idle, or to make room).",
+            &labelled(&|m| m.unloads.to_string()),
+        );
+        if let Some(budget) = budget {
+            metric(
+                "flatrun_served_models_memory_budget_bytes",
+                "gauge",
+                "The memory the served models may plan for together (--max-resident).",
+                &plain(budget.to_string()),
+            );
+        }
         let memory = ProcessMemory::read();
         metric(
             "flatrun_process_resident_memory_bytes",
@@ -234,4 +280,12 @@ impl Metrics {
         );
         out
     }
+}
+
+/// A Prometheus label value: backslashes, quotes and newlines escaped.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }

@@ -539,9 +539,8 @@ pub async fn chat_completions(State(state): State<AppState>, body: RawBody) -> R
 }
 
 async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
-    let engine = state.engine(FLAVOR)?;
     let request: ChatCompletionRequest = parse_json(FLAVOR, body)?;
-    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, request.model.as_deref()).await?;
     let n = check_n(request.n)?;
     if request.audio.is_some() {
         return Err(unsupported("audio", "this server generates text only"));
@@ -829,9 +828,8 @@ pub async fn completions(State(state): State<AppState>, body: RawBody) -> Respon
 }
 
 async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
-    let engine = state.engine(FLAVOR)?;
     let request: CompletionRequest = parse_json(FLAVOR, body)?;
-    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, request.model.as_deref()).await?;
     let n = check_n(request.n)?;
     if request.best_of.is_some_and(|b| b as usize != n) {
         return Err(unsupported("best_of", "each choice is returned (use n)"));
@@ -1036,27 +1034,41 @@ fn internal(message: String) -> ApiError {
     ApiError::new(FLAVOR, ErrorKind::Internal, message)
 }
 
-/// `GET /v1/models`.
+/// `GET /v1/models`: every served model, with whether it is in memory
+/// (`status.value`: `loaded` or `unloaded`, as llama-server's router lists
+/// its models) and with which residency.
 pub async fn list_models(State(state): State<AppState>) -> Response {
-    match state.engine(FLAVOR) {
-        Ok(engine) => Json(json!({
-            "object": "list",
-            "data": state.served_names(engine.as_ref()).iter().map(|n| model_object(n)).collect::<Vec<_>>(),
-        }))
-        .into_response(),
+    match state.served_names(FLAVOR) {
+        Ok(names) => {
+            let status = state.models.status();
+            let data: Vec<Value> = names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    let mut object = model_object(name);
+                    if let Some(s) = status.get(i) {
+                        let mut value =
+                            json!({"value": if s.loaded { "loaded" } else { "unloaded" }});
+                        if let Some(residency) = &s.residency {
+                            value["residency"] = json!(residency);
+                            value["memory_bytes"] = json!(s.memory_bytes);
+                        }
+                        object["status"] = value;
+                    }
+                    object
+                })
+                .collect();
+            Json(json!({"object": "list", "data": data})).into_response()
+        }
         Err(error) => error.into_response(),
     }
 }
 
-/// `GET /v1/models/{id}`.
+/// `GET /v1/models/{id}` (does not load the model).
 pub async fn get_model(State(state): State<AppState>, Path(id): Path<String>) -> Response {
-    let result = state.engine(FLAVOR).and_then(|engine| {
-        state
-            .route(FLAVOR, &engine, Some(&id))
-            .map(|(_, name)| name)
-    });
-    match result {
-        Ok(name) => Json(model_object(&name)).into_response(),
+    match state.served_names(FLAVOR) {
+        Ok(names) if names.contains(&id) => Json(model_object(&id)).into_response(),
+        Ok(_) => state.not_found(FLAVOR, &id).into_response(),
         Err(error) => error.into_response(),
     }
 }
@@ -1391,9 +1403,8 @@ pub async fn embeddings(State(state): State<AppState>, body: RawBody) -> Respons
 
 async fn embeddings_inner(state: AppState, body: RawBody) -> Result<Response, ApiError> {
     use base64::Engine as _;
-    let engine = state.engine(FLAVOR)?;
     let request: EmbeddingRequest = parse_json(FLAVOR, body)?;
-    let (engine, model) = state.route(FLAVOR, &engine, request.model.as_deref())?;
+    let (engine, model) = state.route(FLAVOR, request.model.as_deref()).await?;
     if request.dimensions.is_some() {
         return Err(unsupported(
             "dimensions",

@@ -257,15 +257,17 @@ async fn method_not_allowed(request: Request) -> Response {
     .into_response()
 }
 
-/// `GET /health`: 503 while the model loads, 200 after.
+/// `GET /health`: 503 while the default model loads for the first time,
+/// 200 after (a model unloaded since loads again on demand).
 async fn health(State(state): State<AppState>) -> Response {
-    match state.engine.get() {
-        Some(engine) => (
+    let name = state.served_names(ApiFlavor::OpenAi).ok();
+    match (state.models.default_ready(), name) {
+        (true, Some(names)) => (
             StatusCode::OK,
-            Json(json!({"status": "ok", "model": state.model_name(engine.as_ref())})),
+            Json(json!({"status": "ok", "model": names[0]})),
         )
             .into_response(),
-        None => (
+        _ => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "loading"})),
         )
@@ -281,9 +283,12 @@ async fn live() -> Response {
 
 /// `GET /metrics`: Prometheus text.
 async fn metrics(State(state): State<AppState>) -> Response {
-    let text = state
-        .metrics
-        .render(state.engine.get().map(|engine| engine.as_ref()));
+    let default = state.models.default_engine();
+    let text = state.metrics.render(
+        default.as_ref().map(|engine| engine.as_ref()),
+        &state.models.status(),
+        state.config.model_policy.max_resident,
+    );
     (
         [(
             header::CONTENT_TYPE,
@@ -301,22 +306,29 @@ struct TokenizeRequest {
     content: String,
     #[serde(default)]
     add_special: bool,
+    /// The served model whose tokenizer to use (the default without it).
+    #[serde(default)]
+    model: Option<String>,
 }
 
 /// `POST /detokenize` body.
 #[derive(Debug, Deserialize)]
 struct DetokenizeRequest {
     tokens: Vec<u32>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 async fn tokenize(State(state): State<AppState>, body: RawBody) -> Response {
     let flavor = ApiFlavor::OpenAi;
-    let result = state.engine(flavor).and_then(|engine| {
+    let result = async {
         let request: TokenizeRequest = parse_json(flavor, body)?;
+        let (engine, _) = state.route(flavor, request.model.as_deref()).await?;
         engine
             .tokenize(&request.content, request.add_special)
             .map_err(|e| ApiError::from_engine(flavor, e))
-    });
+    }
+    .await;
     match result {
         Ok(tokens) => Json(json!({"tokens": tokens})).into_response(),
         Err(error) => error.into_response(),
@@ -325,12 +337,14 @@ async fn tokenize(State(state): State<AppState>, body: RawBody) -> Response {
 
 async fn detokenize(State(state): State<AppState>, body: RawBody) -> Response {
     let flavor = ApiFlavor::OpenAi;
-    let result = state.engine(flavor).and_then(|engine| {
+    let result = async {
         let request: DetokenizeRequest = parse_json(flavor, body)?;
+        let (engine, _) = state.route(flavor, request.model.as_deref()).await?;
         engine
             .detokenize(&request.tokens)
             .map_err(|e| ApiError::from_engine(flavor, e))
-    });
+    }
+    .await;
     match result {
         Ok(content) => Json(json!({"content": content})).into_response(),
         Err(error) => error.into_response(),
@@ -342,6 +356,7 @@ async fn detokenize(State(state): State<AppState>, body: RawBody) -> Response {
 pub struct Server {
     listener: TcpListener,
     state: AppState,
+    default_slot: EngineSlot,
 }
 
 impl Server {
@@ -354,14 +369,15 @@ impl Server {
                 address: address.clone(),
                 source,
             })?;
+        let default_slot = EngineSlot::default();
         Ok(Server {
             listener,
             state: AppState {
-                engine: EngineSlot::default(),
-                models: ModelSet::default(),
+                models: ModelSet::new(config.model_policy, default_slot.clone()),
                 config: Arc::new(config),
                 metrics: Arc::new(Metrics::default()),
             },
+            default_slot,
         })
     }
 
@@ -370,12 +386,13 @@ impl Server {
         Ok(self.listener.local_addr()?)
     }
 
-    /// Where to install the engine once it is loaded.
+    /// Where to install the default model's engine once it is loaded
+    /// (unless [`ModelSet::set_default_loader`] gave it a loader).
     pub fn engine_slot(&self) -> EngineSlot {
-        self.state.engine.clone()
+        self.default_slot.clone()
     }
 
-    /// The other models this server answers for, by name.
+    /// The models this server answers for.
     pub fn models(&self) -> ModelSet {
         self.state.models.clone()
     }
@@ -387,7 +404,10 @@ impl Server {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let Server { listener, state } = self;
+        let Server {
+            listener, state, ..
+        } = self;
+        state.models.spawn_keep_alive();
         let grace = state.config.shutdown_grace;
         let (signalled_tx, mut signalled_rx) = tokio::sync::watch::channel(false);
         let app = router(state.clone());
@@ -411,7 +431,7 @@ impl Server {
             _ = grace_over => {}
         }
         tracing::info!("grace period over: cancelling in-flight generations");
-        if let Some(engine) = state.engine.get() {
+        for engine in state.models.loaded_engines() {
             engine.shutdown();
         }
         match tokio::time::timeout(Duration::from_secs(5), serving).await {

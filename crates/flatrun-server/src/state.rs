@@ -7,7 +7,7 @@ use crate::api_error::{ApiError, ApiFlavor, ErrorKind};
 use crate::config::ServerConfig;
 use crate::engine::{Engine, GenerationRequest, GenerationStream};
 use crate::metrics::Metrics;
-use crate::models::ModelSet;
+use crate::models::{AcquireError, ModelSet};
 use flatrun_model::sampling::SamplingParams;
 
 /// Where the engine appears once loaded; `/health` answers 503 until then.
@@ -28,9 +28,7 @@ impl EngineSlot {
 /// Everything a handler needs.
 #[derive(Clone)]
 pub struct AppState {
-    /// The first model (the one `/health` waits for).
-    pub engine: EngineSlot,
-    /// The other models, by name.
+    /// The served models, the default first.
     pub models: ModelSet,
     pub config: Arc<ServerConfig>,
     pub metrics: Arc<Metrics>,
@@ -46,14 +44,6 @@ pub struct SamplingOverrides {
 }
 
 impl AppState {
-    /// The engine, or 503 while it loads.
-    pub fn engine(&self, flavor: ApiFlavor) -> Result<Arc<dyn Engine>, ApiError> {
-        self.engine.get().cloned().ok_or_else(|| {
-            ApiError::new(flavor, ErrorKind::Unavailable, "the model is still loading")
-                .with_code("model_loading")
-        })
-    }
-
     /// The name the model is served under.
     pub fn model_name(&self, engine: &dyn Engine) -> String {
         self.config
@@ -62,53 +52,69 @@ impl AppState {
             .unwrap_or_else(|| engine.model_name().to_string())
     }
 
-    /// The engine and name a request's `model` field picks: the first
-    /// model (`default`) for no name or its own, another served model by
-    /// its name (a 503 while it loads); any other name is a 404 listing
-    /// what this server serves.
-    pub fn route(
-        &self,
-        flavor: ApiFlavor,
-        default: &Arc<dyn Engine>,
-        requested: Option<&str>,
-    ) -> Result<(Arc<dyn Engine>, String), ApiError> {
-        let served = self.model_name(default.as_ref());
-        let name = match requested {
-            None | Some("") => return Ok((default.clone(), served)),
-            Some(name) if name == served => return Ok((default.clone(), served)),
-            Some(name) => name,
-        };
-        match self.models.get(name) {
-            Some(slot) => match slot.get() {
-                Some(engine) => Ok((engine.clone(), name.to_string())),
-                None => Err(ApiError::new(
-                    flavor,
-                    ErrorKind::Unavailable,
-                    format!("model `{name}` is still loading"),
-                )
-                .with_code("model_loading")),
-            },
-            None => Err(ApiError::new(
-                flavor,
-                ErrorKind::NotFound,
-                format!(
-                    "model `{name}` not found: this server serves {}",
-                    self.served_names(default.as_ref())
-                        .iter()
-                        .map(|n| format!("`{n}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            )
-            .with_code("model_not_found")),
-        }
+    /// The default model's served name; 503 while a model the caller
+    /// installs has not been installed yet.
+    fn default_name(&self, flavor: ApiFlavor) -> Result<String, ApiError> {
+        self.config
+            .served_model_name
+            .clone()
+            .or_else(|| self.models.default_name())
+            .ok_or_else(|| loading(flavor, "the model is still loading"))
     }
 
-    /// The names of every served model, the first model's first.
-    pub fn served_names(&self, default: &dyn Engine) -> Vec<String> {
-        let mut names = vec![self.model_name(default)];
+    /// The engine and name a request's `model` field picks: the default
+    /// model for no name or its own, another served model by its name; any
+    /// other name is a 404 listing what this server serves. A model not in
+    /// memory is loaded first (the request waits); one installed by the
+    /// caller and not yet there is a 503.
+    pub async fn route(
+        &self,
+        flavor: ApiFlavor,
+        requested: Option<&str>,
+    ) -> Result<(Arc<dyn Engine>, String), ApiError> {
+        let default = self.default_name(flavor)?;
+        let (index, name) = match requested {
+            None | Some("") => (0, default),
+            Some(name) if name == default => (0, default),
+            Some(name) => match self.models.index_of(Some(name)).filter(|&i| i > 0) {
+                Some(index) => (index, name.to_string()),
+                None => return Err(self.not_found(flavor, name)),
+            },
+        };
+        let engine = self
+            .models
+            .acquire(index)
+            .await
+            .map_err(|e| acquire_error(flavor, &name, e))?;
+        Ok((engine, name))
+    }
+
+    /// The 404 for a model this server does not serve, listing those it does.
+    pub fn not_found(&self, flavor: ApiFlavor, name: &str) -> ApiError {
+        let served = match self.served_names(flavor) {
+            Ok(names) => names,
+            Err(error) => return error,
+        };
+        ApiError::new(
+            flavor,
+            ErrorKind::NotFound,
+            format!(
+                "model `{name}` not found: this server serves {}",
+                served
+                    .iter()
+                    .map(|n| format!("`{n}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+        .with_code("model_not_found")
+    }
+
+    /// The names of every served model, the default's first.
+    pub fn served_names(&self, flavor: ApiFlavor) -> Result<Vec<String>, ApiError> {
+        let mut names = vec![self.default_name(flavor)?];
         names.extend(self.models.names());
-        names
+        Ok(names)
     }
 
     /// Sampling of a request: its own fields over the server's defaults.
@@ -195,6 +201,28 @@ impl AppState {
         engine
             .submit(request)
             .map_err(|e| ApiError::from_engine(flavor, e))
+    }
+}
+
+fn loading(flavor: ApiFlavor, message: impl Into<String>) -> ApiError {
+    ApiError::new(flavor, ErrorKind::Unavailable, message).with_code("model_loading")
+}
+
+fn acquire_error(flavor: ApiFlavor, name: &str, error: AcquireError) -> ApiError {
+    match error {
+        AcquireError::Loading => loading(flavor, format!("model `{name}` is still loading")),
+        AcquireError::NotFound { .. } => {
+            ApiError::new(flavor, ErrorKind::NotFound, error.to_string())
+                .with_code("model_not_found")
+        }
+        AcquireError::LoadFailed { .. } => {
+            ApiError::new(flavor, ErrorKind::Internal, error.to_string())
+                .with_code("model_load_failed")
+        }
+        AcquireError::NoMemory { .. } => {
+            ApiError::new(flavor, ErrorKind::Unavailable, error.to_string())
+                .with_code("insufficient_memory")
+        }
     }
 }
 

@@ -57,7 +57,15 @@ async fn metrics_count_requests_and_tokens() {
         json!({"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 7});
     server.post_json("/v1/chat/completions", &body).await;
     server.post("/v1/chat/completions", "{").await;
-    let metrics = server.get("/metrics").await;
+    // The scheduler frees a finished sequence just after its last event.
+    let mut metrics = server.get("/metrics").await;
+    for _ in 0..200 {
+        if metrics.body.contains("flatrun_active_sequences 0") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        metrics = server.get("/metrics").await;
+    }
     assert_eq!(metrics.status, 200);
     assert!(
         metrics
