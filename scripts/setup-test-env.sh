@@ -6,7 +6,8 @@
 #  - the vocab-only GGUF tokenizer fixtures with their golden .inp/.out pairs,
 #    from the llama-cpp-python sdist on PyPI ($FLATRUN_CACHE/vocab);
 #  - Hugging Face SafeTensors directories made from the real models and the
-#    synthetic Qwen3 ($FLATRUN_HF_CKPT, scripts/gen_hf_checkpoints.py).
+#    synthetic Qwen3 ($FLATRUN_HF_CKPT, scripts/gen_hf_checkpoints.py), and from
+#    the synthetic mixture-of-experts checkpoints (scripts/gen_hf_moe.py).
 # Prints the environment the tests read, as `export` lines.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -112,6 +113,11 @@ hf_ckpt=${FLATRUN_HF_CKPT:-$cache/hf-ckpt}
 echo "setup: writing the Hugging Face checkpoints into $hf_ckpt" >&2
 FLATRUN_MODELS=$models "$venv/bin/python" "$here/scripts/gen_hf_checkpoints.py" --out "$hf_ckpt" \
   --synthetic "$synthetic" --vocab "$vocab" >&2
+
+# Hugging Face directories of the synthetic mixture-of-experts checkpoints
+# (experts one tensor each) and GGUFs of the same weights
+# (crates/flatrun-runtime/tests/hf_moe.rs, which reruns it per variant; idempotent).
+"$venv/bin/python" "$here/scripts/gen_hf_moe.py" --out "$hf_ckpt" --synthetic "$synthetic" --vocab "$vocab" >&2
 
 # A Hugging Face tokenizer.json + tokenizer_config.json (Qwen3), from the npm
 # package that ships them, for the tokenizer_hf tests.

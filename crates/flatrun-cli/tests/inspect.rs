@@ -326,8 +326,9 @@ fn hf_sharded_directory() {
         .stdout(predicate::str::contains("tensors:        14 (BF16 14)"));
 }
 
-/// The HF directories of `scripts/gen_hf_checkpoints.py`, when present
-/// (`crates/flatrun-runtime/tests/hf_parity.rs` writes and requires them).
+/// The HF directories of `scripts/gen_hf_checkpoints.py` and
+/// `scripts/gen_hf_moe.py`, when present (`crates/flatrun-runtime/tests/hf_parity.rs`
+/// and `hf_moe.rs` write and require them).
 #[test]
 fn hf_directories_from_real_models() {
     let root = std::env::var_os("FLATRUN_HF_CKPT")
@@ -341,6 +342,12 @@ fn hf_directories_from_real_models() {
         ("smollm2-135m-bf16", "llama", 1, "BF16", 272),
         // `architecture` is config.json's `model_type`.
         ("gemma-3-270m-f16", "gemma3_text", 1, "F16", 236),
+        // scripts/gen_hf_moe.py: experts one tensor each (3 layers × 16 × 3
+        // of them, plus attention, embedding and head in F16; norms and
+        // routers F32).
+        ("qwen3moe-synth-f16", "qwen3_moe", 1, "F16", 158),
+        ("qwen3moe-synth-f16-sharded", "qwen3_moe", 3, "F16", 158),
+        ("qwen3moe-synth-bf16", "qwen3_moe", 1, "BF16", 158),
     ] {
         let path = root.join(dir);
         if !path.join("config.json").exists() {
@@ -355,6 +362,6 @@ fn hf_directories_from_real_models() {
         assert_eq!(r["architecture"], arch, "{dir}");
         assert_eq!(r["files"].as_array().map(Vec::len), Some(files), "{dir}");
         assert_eq!(r["tensors_by_type"][dtype], count, "{dir}");
-        assert_eq!(r["chat_template"], arch == "llama", "{dir}");
+        assert_eq!(r["chat_template"], arch != "gemma3_text", "{dir}");
     }
 }

@@ -58,7 +58,7 @@ pub use gguf::GgufBackend;
 pub use mlx_backend::{MlxBackend, MlxQuantConfig, MlxQuantization};
 pub use multi_backend::MultiBackend;
 pub use names::canonical_layer_index;
-pub use names::HfNaming;
+pub use names::{HfExpertStem, HfNaming};
 pub use registry::{open, open_with};
 pub use safetensors_backend::SafetensorsBackend;
 

@@ -13,9 +13,10 @@
 //! | `layers.{i}.ffn_norm` | `ffn_norm` | `pre_feedforward_layernorm`; `post_attention_layernorm` per family ([`HfNaming`]) |
 //! | `layers.{i}.post_ffn_norm` | `post_ffw_norm` | `post_feedforward_layernorm` |
 //! | `layers.{i}.ffn.gate` / `.up` / `.down` | `ffn_gate` / `ffn_up` / `ffn_down` | `mlp.gate_proj` / `up_proj` / `down_proj` |
-//! | `layers.{i}.ffn.gate_inp` | `ffn_gate_inp` (the router) | — |
+//! | `layers.{i}.ffn.gate_inp` | `ffn_gate_inp` (the router) | per family: `mlp.gate` ([`HfNaming`]) |
 //! | `layers.{i}.ffn.gate_exps` / `.up_exps` / `.down_exps` | `ffn_gate_exps` / `ffn_up_exps` / `ffn_down_exps` (experts stacked `[n_expert, rows, cols]`) | — |
-//! | `layers.{i}.ffn.gate_shexp` / `.up_shexp` / `.down_shexp` / `.gate_inp_shexp` | `ffn_*_shexp`, `ffn_gate_inp_shexp` (shared expert and its gate) | — |
+//! | `layers.{i}.ffn.gate_exps.{e}` / `.up_exps.{e}` / `.down_exps.{e}` (expert `e` alone, `[rows, cols]`) | — | per family: `mlp.experts.{e}.gate_proj` / `up_proj` / `down_proj` ([`HfNaming::expert_stems`]) |
+//! | `layers.{i}.ffn.gate_shexp` / `.up_shexp` / `.down_shexp` / `.gate_inp_shexp` | `ffn_*_shexp`, `ffn_gate_inp_shexp` (shared expert and its gate) | per family: `mlp.shared_expert.*`, `mlp.shared_expert_gate` |
 //! | `layers.{i}.attn.qkv` / `.gate` | `attn_qkv` / `attn_gate` | — (Qwen3.5 delta-net input and output gate) |
 //! | `layers.{i}.ssm.conv1d` / `.dt.bias` / `.a` / `.alpha` / `.beta` / `.norm` / `.out` | `ssm_conv1d` / `ssm_dt.bias` / `ssm_a` / `ssm_alpha` / `ssm_beta` / `ssm_norm` / `ssm_out` | — |
 //!
@@ -24,18 +25,97 @@
 
 /// The Hugging Face per-layer names whose meaning depends on the model
 /// family, supplied by the family (flatrun-model's `Architecture::hf_naming`):
-/// `(stem, canonical stem)` pairs, consulted before the shared table. The one
-/// such name today is `post_attention_layernorm`, the pre-FFN norm in most
-/// families and the norm of the attention output in others.
+/// `(stem, canonical stem)` pairs, consulted before the shared table, and how
+/// the family stores its routed experts. The per-layer name every family
+/// has is `post_attention_layernorm`, the pre-FFN norm in most families and
+/// the norm of the attention output in others; mixture-of-experts families
+/// add their router and shared expert (`mlp.gate`, `mlp.shared_expert.*`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct HfNaming {
     pub layer_stems: &'static [(&'static str, &'static str)],
+    /// Routed experts stored one tensor per expert and projection.
+    pub expert_stems: &'static [HfExpertStem],
 }
 
 impl HfNaming {
     /// Only the shared table: a name whose meaning depends on the family
     /// keeps its original name.
-    pub const GENERIC: HfNaming = HfNaming { layer_stems: &[] };
+    pub const GENERIC: HfNaming = HfNaming {
+        layer_stems: &[],
+        expert_stems: &[],
+    };
+}
+
+/// One projection of a family's routed experts as Hugging Face checkpoints
+/// store them, one tensor per expert: `model.layers.{i}.{prefix}{e}.{projection}.weight`
+/// (`[rows, cols]`) is expert `e` of the stacked canonical tensor
+/// `layers.{i}.{canonical}` and is named `layers.{i}.{canonical}.{e}`. A
+/// family's table of these is all a new per-expert naming needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfExpertStem {
+    /// The module path up to the expert index (`mlp.experts.`).
+    pub prefix: &'static str,
+    /// The projection after it (`gate_proj`).
+    pub projection: &'static str,
+    /// The canonical stem of the stack (`ffn.gate_exps`).
+    pub canonical: &'static str,
+}
+
+/// `mlp.experts.{e}.{gate,up,down}_proj`: Qwen2-MoE, Qwen3-MoE, OLMoE.
+pub const HF_MLP_EXPERTS: &[HfExpertStem] = &[
+    HfExpertStem {
+        prefix: "mlp.experts.",
+        projection: "gate_proj",
+        canonical: "ffn.gate_exps",
+    },
+    HfExpertStem {
+        prefix: "mlp.experts.",
+        projection: "up_proj",
+        canonical: "ffn.up_exps",
+    },
+    HfExpertStem {
+        prefix: "mlp.experts.",
+        projection: "down_proj",
+        canonical: "ffn.down_exps",
+    },
+];
+
+/// `block_sparse_moe.experts.{e}.w1` (gate) / `w3` (up) / `w2` (down): Mixtral.
+pub const HF_MIXTRAL_EXPERTS: &[HfExpertStem] = &[
+    HfExpertStem {
+        prefix: "block_sparse_moe.experts.",
+        projection: "w1",
+        canonical: "ffn.gate_exps",
+    },
+    HfExpertStem {
+        prefix: "block_sparse_moe.experts.",
+        projection: "w3",
+        canonical: "ffn.up_exps",
+    },
+    HfExpertStem {
+        prefix: "block_sparse_moe.experts.",
+        projection: "w2",
+        canonical: "ffn.down_exps",
+    },
+];
+
+/// The canonical name part of expert `e`'s tensor of the stack `canonical`
+/// (`ffn.gate_exps`, 3 → `ffn.gate_exps.3`).
+pub fn expert_stem(canonical: &str, e: usize) -> String {
+    format!("{canonical}.{e}")
+}
+
+/// The canonical stem of a Hugging Face per-expert tensor under the
+/// family's expert rules (`mlp.experts.3.up_proj` → `ffn.up_exps.3`).
+fn hf_expert_stem(stem: &str, naming: &HfNaming) -> Option<String> {
+    naming.expert_stems.iter().find_map(|rule| {
+        let (e, projection) = stem.strip_prefix(rule.prefix)?.split_once('.')?;
+        let index = !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit());
+        if !index || projection != rule.projection {
+            return None;
+        }
+        Some(expert_stem(rule.canonical, e.parse().ok()?))
+    })
 }
 
 /// GGUF per-layer stems and their canonical stems (`attn_q` ↔ `attn.q`).
@@ -201,7 +281,10 @@ const HF_MODEL_PREFIXES: &[&str] = &["model.language_model.", "language_model.mo
 /// use flatrun_format::names::{canonical_hf_name, HfNaming};
 /// let q = canonical_hf_name("model.layers.2.self_attn.q_proj.weight", &HfNaming::GENERIC);
 /// assert_eq!(q.as_deref(), Some("layers.2.attn.q"));
-/// let sandwich = HfNaming { layer_stems: &[("post_attention_layernorm", "post_attn_norm")] };
+/// let sandwich = HfNaming {
+///     layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+///     ..HfNaming::GENERIC
+/// };
 /// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", &sandwich);
 /// assert_eq!(n.as_deref(), Some("layers.2.post_attn_norm"));
 /// let n = canonical_hf_name("model.layers.2.post_attention_layernorm.weight", &HfNaming::GENERIC);
@@ -217,6 +300,9 @@ pub fn canonical_hf_name(name: &str, naming: &HfNaming) -> Option<String> {
         .find_map(|p| stem.strip_prefix(p))?;
     if let Some(rest) = inner.strip_prefix("layers.") {
         let (layer, stem) = split_layer(rest)?;
+        if let Some(expert) = hf_expert_stem(stem, naming) {
+            return Some(format!("layers.{layer}.{expert}{suffix}"));
+        }
         let canonical = hf_layer_stem(stem, naming)?;
         return Some(format!("layers.{layer}.{canonical}{suffix}"));
     }
@@ -287,12 +373,73 @@ mod tests {
     }
 
     #[test]
+    fn hf_expert_names_follow_the_family_table() {
+        const QWEN_MOE: HfNaming = HfNaming {
+            layer_stems: &[("mlp.gate", "ffn.gate_inp")],
+            expert_stems: HF_MLP_EXPERTS,
+        };
+        const MIXTRAL: HfNaming = HfNaming {
+            layer_stems: &[("block_sparse_moe.gate", "ffn.gate_inp")],
+            expert_stems: HF_MIXTRAL_EXPERTS,
+        };
+        let n = |s: &str, f| canonical_hf_name(s, f);
+        let q = &QWEN_MOE;
+        assert_eq!(
+            n("model.layers.3.mlp.experts.12.gate_proj.weight", q).as_deref(),
+            Some("layers.3.ffn.gate_exps.12")
+        );
+        assert_eq!(
+            n("model.layers.0.mlp.experts.0.up_proj.weight", q).as_deref(),
+            Some("layers.0.ffn.up_exps.0")
+        );
+        assert_eq!(
+            n("model.layers.0.mlp.experts.7.down_proj.weight", q).as_deref(),
+            Some("layers.0.ffn.down_exps.7")
+        );
+        assert_eq!(
+            n("model.layers.1.mlp.gate.weight", q).as_deref(),
+            Some("layers.1.ffn.gate_inp")
+        );
+        // The dense FFN keeps its names next to the expert rules.
+        assert_eq!(
+            n("model.layers.1.mlp.gate_proj.weight", q).as_deref(),
+            Some("layers.1.ffn.gate")
+        );
+        for odd in [
+            "model.layers.0.mlp.experts.x.gate_proj.weight",
+            "model.layers.0.mlp.experts..gate_proj.weight",
+            "model.layers.0.mlp.experts.3.w1.weight",
+            "model.layers.0.mlp.experts.3.gate_proj.extra.weight",
+        ] {
+            assert_eq!(n(odd, q), None, "{odd}");
+        }
+        assert_eq!(
+            n(
+                "model.layers.2.mlp.experts.1.gate_proj.weight",
+                &HfNaming::GENERIC
+            ),
+            None
+        );
+        let m = &MIXTRAL;
+        for (hf, canonical) in [
+            ("w1", "layers.5.ffn.gate_exps.3"),
+            ("w3", "layers.5.ffn.up_exps.3"),
+            ("w2", "layers.5.ffn.down_exps.3"),
+        ] {
+            let name = format!("model.layers.5.block_sparse_moe.experts.3.{hf}.weight");
+            assert_eq!(n(&name, m).as_deref(), Some(canonical));
+        }
+    }
+
+    #[test]
     fn hf_names_follow_the_given_naming() {
         const PRE_FFN: HfNaming = HfNaming {
             layer_stems: &[("post_attention_layernorm", "ffn_norm")],
+            ..HfNaming::GENERIC
         };
         const SANDWICH: HfNaming = HfNaming {
             layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+            ..HfNaming::GENERIC
         };
         let (l, g) = (&PRE_FFN, &SANDWICH);
         let n = |s: &str, f| canonical_hf_name(s, f);

@@ -13,10 +13,12 @@ use flatrun_format::{DType, GgmlType, HfNaming, QuantDescriptor};
 /// is the pre-FFN norm.
 const PRE_FFN: HfNaming = HfNaming {
     layer_stems: &[("post_attention_layernorm", "ffn_norm")],
+    ..HfNaming::GENERIC
 };
 /// The naming a sandwich-norm family (Gemma) gives.
 const SANDWICH: HfNaming = HfNaming {
     layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+    ..HfNaming::GENERIC
 };
 
 fn write(path: &Path, bytes: &[u8]) {

@@ -24,6 +24,14 @@ pub enum ModelError {
     /// A running layer asked for a tensor its weights do not hold.
     #[error("layer {layer} has no tensor `{tensor}`")]
     MissingLayerTensor { layer: usize, tensor: &'static str },
+    /// A checkpoint that stores one tensor per expert holds an expert beyond
+    /// the count its config declares.
+    #[error("tensor `{tensor}` is expert {expert}, but the config declares {n_expert} experts")]
+    ExtraExpert {
+        tensor: String,
+        expert: usize,
+        n_expert: usize,
+    },
     /// A tensor exists but has the wrong shape.
     #[error("tensor `{tensor}` has shape {shape:?}, expected {expected}")]
     BadShape {

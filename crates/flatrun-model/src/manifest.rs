@@ -3,7 +3,7 @@
 //! backend's tensor table, so the same code serves GGUF, SafeTensors and MLX;
 //! the runtime's scheduler walks it to acquire, prefetch and release weights.
 
-use crate::arch::{Need, Role, parse_layer_tensor};
+use crate::arch::{Need, Role, expert_tensor, parse_expert_tensor, parse_layer_tensor};
 use crate::config::ModelConfig;
 use crate::error::{ModelError, Result};
 use flatrun_format::TensorInfo;
@@ -62,6 +62,7 @@ impl Manifest {
     /// Each layer lists its tensors in the order of
     /// [`crate::arch::Architecture::layer_roles`].
     pub fn build(cfg: &ModelConfig, tensors: &[TensorInfo]) -> Result<Manifest> {
+        let tensors_of = tensors;
         let by_name: HashMap<&str, &TensorInfo> =
             tensors.iter().map(|t| (t.name.as_str(), t)).collect();
         let arch = cfg.arch.name();
@@ -94,6 +95,11 @@ impl Manifest {
             for (role, need) in roles {
                 let name = layer_tensor(index, role);
                 match need {
+                    // Experts stored one tensor per expert (Hugging Face):
+                    // every one of them, in expert order.
+                    Need::Required if role.is_experts() && entry(&name).is_none() => {
+                        tensors.extend(split_experts(cfg, tensors_of, index, role)?)
+                    }
                     Need::Required => tensors.push(require(&name)?),
                     Need::Optional => tensors.extend(entry(&name)),
                 }
@@ -135,6 +141,71 @@ impl Manifest {
         };
         layers + self.embed.bytes + head + self.output_norm.bytes
     }
+}
+
+/// The tensors of a stacked expert role `role` of layer `layer` stored one
+/// per expert (`layers.{layer}.ffn.gate_exps.{e}`), in expert order: exactly
+/// the config's `n_expert` of them, each of one expert's shape. A missing
+/// expert, an expert of another shape and an expert beyond the config's
+/// count are errors naming the tensor.
+fn split_experts(
+    cfg: &ModelConfig,
+    tensors: &[TensorInfo],
+    layer: usize,
+    role: Role,
+) -> Result<Vec<TensorEntry>> {
+    let arch = cfg.arch.name();
+    let stacked = layer_tensor(layer, role);
+    let mut experts: Vec<(usize, &TensorInfo)> = tensors
+        .iter()
+        .filter_map(|t| match parse_expert_tensor(&t.name) {
+            Some((l, r, Some(e))) if l == layer && r == role => Some((e, t)),
+            _ => None,
+        })
+        .collect();
+    let (Some(moe), false) = (&cfg.moe, experts.is_empty()) else {
+        return Err(ModelError::MissingTensor {
+            arch: arch.to_string(),
+            tensor: stacked,
+        });
+    };
+    experts.sort_by_key(|&(e, _)| e);
+    if let Some(&(e, t)) = experts.iter().find(|(e, _)| *e >= moe.n_expert) {
+        return Err(ModelError::ExtraExpert {
+            tensor: t.name.clone(),
+            expert: e,
+            n_expert: moe.n_expert,
+        });
+    }
+    let shape = moe
+        .expert_shape(cfg.n_embd, role)
+        .expect("a stacked expert role");
+    let mut out = Vec::with_capacity(moe.n_expert);
+    for e in 0..moe.n_expert {
+        let name = expert_tensor(layer, role, e);
+        let t = match experts.get(e) {
+            Some(&(i, t)) if i == e => t,
+            _ => {
+                return Err(ModelError::MissingTensor {
+                    arch: arch.to_string(),
+                    tensor: name,
+                });
+            }
+        };
+        if t.shape != shape {
+            return Err(ModelError::BadShape {
+                tensor: name,
+                shape: t.shape.clone(),
+                expected: format!("{shape:?} (one of {} experts)", moe.n_expert),
+            });
+        }
+        out.push(TensorEntry {
+            name,
+            shape: t.shape.clone(),
+            bytes: t.byte_size,
+        });
+    }
+    Ok(out)
 }
 
 fn check_matrix(t: &TensorEntry, n_embd: usize) -> Result<()> {

@@ -26,6 +26,9 @@ fn registry_maps_names_and_aliases_to_families() {
         ("qwen3", "qwen3"),
         ("gemma3_text", "gemma3"),
         ("qwen3_5", "qwen35"),
+        ("qwen3_moe", "qwen3moe"),
+        ("qwen2_moe", "qwen2moe"),
+        ("olmoe", "olmoe"),
     ] {
         let arch = flatrun_model::architecture(name).unwrap();
         assert_eq!(arch.name(), family, "{name}");
@@ -231,5 +234,179 @@ fn real_models_configs_and_manifests() {
                     .any(|t| t.name == "layers.0.attn.q.bias")
             );
         }
+    }
+}
+
+/// A Hugging Face Qwen3-MoE `config.json` (the keys transformers writes).
+fn qwen3_moe_json() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "num_hidden_layers": 2, "hidden_size": 8, "intermediate_size": 48,
+        "moe_intermediate_size": 4, "num_experts": 4, "num_experts_per_tok": 2,
+        "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8
+    })
+}
+
+#[test]
+fn hf_moe_configs() {
+    let cfg = ModelConfig::from_hf_json(&qwen3_moe_json()).unwrap();
+    assert_eq!(cfg.arch, "qwen3moe");
+    let moe = cfg.moe.clone().expect("experts");
+    assert_eq!(
+        (moe.n_expert, moe.n_expert_used, moe.n_ff_expert),
+        (4, 2, 4)
+    );
+    assert!(moe.normalize && moe.shared.is_none());
+    // Qwen2-MoE: not renormalized, a gated shared expert of its own width.
+    let json = serde_json::json!({
+        "model_type": "qwen2_moe", "num_hidden_layers": 2, "hidden_size": 8,
+        "intermediate_size": 48, "moe_intermediate_size": 4, "shared_expert_intermediate_size": 16,
+        "num_experts": 4, "num_experts_per_tok": 2, "norm_topk_prob": false,
+        "num_attention_heads": 2, "num_key_value_heads": 1
+    });
+    let moe = ModelConfig::from_hf_json(&json).unwrap().moe.unwrap();
+    assert!(!moe.normalize);
+    assert_eq!(moe.shared.map(|s| (s.n_ff, s.gated)), Some((16, true)));
+    // OLMoE: the experts' width is `intermediate_size`.
+    let json = serde_json::json!({
+        "model_type": "olmoe", "num_hidden_layers": 2, "hidden_size": 8, "intermediate_size": 4,
+        "num_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 2
+    });
+    let moe = ModelConfig::from_hf_json(&json).unwrap().moe.unwrap();
+    assert_eq!((moe.n_ff_expert, moe.normalize), (4, false));
+    // Dense layers among the expert layers are refused.
+    for (key, value) in [
+        ("decoder_sparse_step", serde_json::json!(2)),
+        ("mlp_only_layers", serde_json::json!([1])),
+    ] {
+        let mut json = qwen3_moe_json();
+        json[key] = value;
+        match ModelConfig::from_hf_json(&json) {
+            Err(ModelError::BadValue { key: k, .. }) => assert_eq!(k, key),
+            other => panic!("{key}: expected a bad value, got {other:?}"),
+        }
+    }
+    let mut json = qwen3_moe_json();
+    json["num_experts_per_tok"] = 5.into();
+    assert!(matches!(
+        ModelConfig::from_hf_json(&json),
+        Err(ModelError::BadValue { .. })
+    ));
+}
+
+#[test]
+fn manifest_lists_per_expert_tensors_in_expert_order() {
+    use flatrun_format::{DType, GgmlType, QuantDescriptor, TensorInfo};
+    use flatrun_model::arch::{Role, expert_tensor, layer_tensor};
+    let cfg = ModelConfig::from_hf_json(&qwen3_moe_json()).unwrap();
+    let info = |name: String, shape: Vec<usize>| TensorInfo {
+        original_name: name.clone(),
+        name,
+        byte_size: 4 * shape.iter().product::<usize>() as u64,
+        shape,
+        dtype: DType::Ggml(GgmlType::F32),
+        quant: QuantDescriptor::None,
+        offset: 0,
+        file_index: 0,
+    };
+    let mut tensors = vec![
+        info("embed".into(), vec![32, 8]),
+        info("output_norm".into(), vec![8]),
+    ];
+    for il in 0..2 {
+        for role in [
+            Role::AttnNorm,
+            Role::AttnQNorm,
+            Role::AttnKNorm,
+            Role::FfnNorm,
+        ] {
+            tensors.push(info(layer_tensor(il, role), vec![8]));
+        }
+        for role in [Role::AttnQ, Role::AttnK, Role::AttnV, Role::AttnO] {
+            tensors.push(info(layer_tensor(il, role), vec![8, 8]));
+        }
+        tensors.push(info(layer_tensor(il, Role::FfnGateInp), vec![4, 8]));
+        // Experts in reverse order, as a file may hold them.
+        for e in (0..4).rev() {
+            for (role, shape) in [
+                (Role::FfnDownExps, vec![8, 4]),
+                (Role::FfnGateExps, vec![4, 8]),
+                (Role::FfnUpExps, vec![4, 8]),
+            ] {
+                tensors.push(info(expert_tensor(il, role, e), shape));
+            }
+        }
+    }
+    let manifest = Manifest::build(&cfg, &tensors).unwrap();
+    let names: Vec<&str> = manifest.layers[1]
+        .tensors
+        .iter()
+        .filter(|t| t.role().is_some_and(|r| r.is_experts()))
+        .map(|t| t.name.as_str())
+        .collect();
+    let want: Vec<String> = [Role::FfnGateExps, Role::FfnUpExps, Role::FfnDownExps]
+        .iter()
+        .flat_map(|&r| (0..4).map(move |e| expert_tensor(1, r, e)))
+        .collect();
+    assert_eq!(names, want);
+    let expert_bytes: u64 = manifest.layers[1]
+        .tensors
+        .iter()
+        .filter(|t| t.role().is_some_and(|r| r.is_experts()))
+        .map(|t| t.bytes)
+        .sum();
+    assert_eq!(expert_bytes, 3 * 4 * 4 * 8 * 4);
+
+    // A missing expert, a wrong shape, and more experts than the config declares.
+    let without = |name: &str| -> Vec<TensorInfo> {
+        tensors.iter().filter(|t| t.name != name).cloned().collect()
+    };
+    match Manifest::build(&cfg, &without("layers.1.ffn.up_exps.2")) {
+        Err(ModelError::MissingTensor { tensor, .. }) => {
+            assert_eq!(tensor, "layers.1.ffn.up_exps.2")
+        }
+        other => panic!("expected a missing expert, got {other:?}"),
+    }
+    let mut reshaped = tensors.clone();
+    let t = reshaped
+        .iter_mut()
+        .find(|t| t.name == "layers.0.ffn.down_exps.3")
+        .unwrap();
+    t.shape = vec![4, 8];
+    match Manifest::build(&cfg, &reshaped) {
+        Err(ModelError::BadShape { tensor, shape, .. }) => {
+            assert_eq!(
+                (tensor.as_str(), shape),
+                ("layers.0.ffn.down_exps.3", vec![4, 8])
+            )
+        }
+        other => panic!("expected a bad shape, got {other:?}"),
+    }
+    let mut json = qwen3_moe_json();
+    json["num_experts"] = 3.into();
+    let fewer = ModelConfig::from_hf_json(&json).unwrap();
+    match Manifest::build(&fewer, &tensors) {
+        Err(ModelError::ExtraExpert {
+            tensor,
+            expert,
+            n_expert,
+        }) => assert_eq!(
+            (tensor.as_str(), expert, n_expert),
+            ("layers.0.ffn.gate_exps.3", 3, 3)
+        ),
+        other => panic!("expected an extra expert, got {other:?}"),
+    }
+    // No expert tensors at all: the stacked tensor is what is missing.
+    let none: Vec<TensorInfo> = tensors
+        .iter()
+        .filter(|t| !t.name.starts_with("layers.0.ffn.gate_exps"))
+        .cloned()
+        .collect();
+    match Manifest::build(&cfg, &none) {
+        Err(ModelError::MissingTensor { tensor, .. }) => {
+            assert_eq!(tensor, "layers.0.ffn.gate_exps")
+        }
+        other => panic!("expected a missing tensor, got {other:?}"),
     }
 }

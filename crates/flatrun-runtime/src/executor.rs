@@ -14,7 +14,7 @@
 use crate::error::{Result, RuntimeError};
 use crate::kv_cache::{KvBacking, KvCache, KvLayout};
 use crate::layer_range::LayerSelection;
-use crate::layer_vectors::{LayerVectorStore, LayerView};
+use crate::layer_vectors::{LayerVectorStore, LayerView, split_experts};
 use crate::memory;
 use crate::options::{LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
@@ -762,8 +762,10 @@ impl StreamingExecutor {
             )?;
             // Converted: the buffer goes back for the layer's chunks.
             drop(vector_lease);
+            let experts = split_experts(&matrices);
             let tensors = LayerView {
                 matrices: &matrices,
+                experts: &experts,
                 vectors,
             };
             // Each sequence runs through its own memory of this layer: a KV
@@ -834,6 +836,7 @@ impl StreamingExecutor {
                 self.profiler.record_expert_bytes(il, k.expert_bytes());
             }
             // Release: a streamed layer's buffers go back for the next reads.
+            drop(experts);
             drop(matrices);
             drop(handles);
             drop(whole);

@@ -17,6 +17,7 @@ use flatrun_format::{StorageBackend, TensorHandle};
 use flatrun_kernels::{Kernels, Weight};
 use flatrun_model::arch::LayerTensors;
 use flatrun_model::arch::layer_tensor;
+use flatrun_model::arch::moe::Experts;
 use flatrun_model::{Manifest, Role};
 
 /// f32 copies of one layer's small tensors, by role.
@@ -37,7 +38,25 @@ impl LayerVectors {
 /// a read buffer or a dense copy) and its vectors.
 pub(crate) struct LayerView<'a> {
     pub matrices: &'a [(Role, Weight<'a>)],
+    /// The stacked expert roles held one matrix per expert ([`split_experts`]).
+    pub experts: &'a [(Role, Vec<Weight<'a>>)],
     pub vectors: &'a LayerVectors,
+}
+
+/// The expert roles of `matrices` held as one matrix per expert (a
+/// Hugging Face checkpoint's experts, listed in expert order by the
+/// manifest): each such role with its matrices. A role with a single
+/// matrix is a stack (or a single expert, the same rows either way).
+pub(crate) fn split_experts<'a>(matrices: &[(Role, Weight<'a>)]) -> Vec<(Role, Vec<Weight<'a>>)> {
+    let mut out: Vec<(Role, Vec<Weight<'a>>)> = Vec::new();
+    for &(role, w) in matrices.iter().filter(|(r, _)| r.is_experts()) {
+        match out.iter_mut().find(|(r, _)| *r == role) {
+            Some((_, ws)) => ws.push(w),
+            None => out.push((role, vec![w])),
+        }
+    }
+    out.retain(|(_, ws)| ws.len() > 1);
+    out
 }
 
 impl LayerTensors for LayerView<'_> {
@@ -49,6 +68,12 @@ impl LayerTensors for LayerView<'_> {
     }
     fn vector(&self, role: Role) -> Option<&[f32]> {
         self.vectors.get(role)
+    }
+    fn experts(&self, role: Role) -> Option<Experts<'_>> {
+        match self.experts.iter().find(|(r, _)| *r == role) {
+            Some((_, ws)) => Some(Experts::Split(ws)),
+            None => self.matrix(role).map(Experts::Stacked),
+        }
     }
 }
 

@@ -38,6 +38,7 @@ impl Architecture for Gemma3 {
     fn hf_naming(&self) -> HfNaming {
         HfNaming {
             layer_stems: &[("post_attention_layernorm", "post_attn_norm")],
+            ..HfNaming::GENERIC
         }
     }
     fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {

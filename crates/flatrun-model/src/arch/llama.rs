@@ -1,4 +1,5 @@
-//! Llama 1/2/3 and llama-shaped models (SmolLM2, Mistral without SWA).
+//! Llama 1/2/3 and llama-shaped models (SmolLM2, Mistral without SWA,
+//! Mixtral: a llama with routed experts).
 //!
 //! Pre-norm decoder: RMS norm → attention with RoPE → residual → RMS norm →
 //! SwiGLU FFN → residual. Llama 3 extends RoPE either through the `llama3`
@@ -7,9 +8,22 @@
 //! converter permuted the Q/K rows; Hugging Face ones use NeoX halves.
 
 use super::decoder::{self, DecoderLayout, LayerPlan};
+use super::moe::MoeConfig;
 use super::{Arch, Architecture, Need, Role};
 use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::Result;
+use flatrun_format::HfNaming;
+use flatrun_format::names::HF_MIXTRAL_EXPERTS;
+
+/// Llama's Hugging Face names: the pre-FFN norm, and Mixtral's router
+/// (`block_sparse_moe.gate`) and experts (`block_sparse_moe.experts.{e}.w1/w3/w2`).
+pub const LLAMA_NAMING: HfNaming = HfNaming {
+    layer_stems: &[
+        ("post_attention_layernorm", "ffn_norm"),
+        ("block_sparse_moe.gate", "ffn.gate_inp"),
+    ],
+    expert_stems: HF_MIXTRAL_EXPERTS,
+};
 
 /// The Llama family.
 #[derive(Debug)]
@@ -20,7 +34,7 @@ impl Architecture for Llama {
         "llama"
     }
     fn aliases(&self) -> &'static [&'static str] {
-        &["smollm", "smollm2", "mistral"]
+        &["smollm", "smollm2", "mistral", "mixtral"]
     }
     fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
         let mut cfg = super::common_from_gguf(Arch::new(&Llama), keys)?;
@@ -29,7 +43,16 @@ impl Architecture for Llama {
         super::moe_families::llama_experts(cfg, keys)
     }
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
-        super::common_from_hf(Arch::new(&Llama), keys)
+        let mut cfg = super::common_from_hf(Arch::new(&Llama), keys)?;
+        // Mixtral: `num_local_experts` experts per layer.
+        if keys.u64("num_local_experts").is_some_and(|n| n > 0) {
+            let rules = super::moe_families::RENORMALIZED;
+            cfg.moe = Some(MoeConfig::from_hf(keys, rules, cfg.n_ff)?);
+        }
+        Ok(cfg)
+    }
+    fn hf_naming(&self) -> HfNaming {
+        LLAMA_NAMING
     }
     fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
         decoder::layer_roles(cfg, DecoderLayout::default())

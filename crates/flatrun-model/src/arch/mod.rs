@@ -32,7 +32,9 @@ pub mod qwen35;
 pub mod role;
 
 pub use decoder::{DecoderTensors, LayerPlan, LayerScratch, Op, OpObserver};
-pub use role::{Need, Role, TensorKind, layer_tensor, parse_layer_tensor};
+pub use role::{
+    Need, Role, TensorKind, expert_tensor, layer_tensor, parse_expert_tensor, parse_layer_tensor,
+};
 
 use crate::config::{Activation, GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
@@ -78,6 +80,7 @@ pub fn supported() -> Vec<&'static str> {
 /// (Llama, Qwen, Mistral, …) name it in Hugging Face checkpoints.
 pub const PRE_FFN_NORM_NAMING: HfNaming = HfNaming {
     layer_stems: &[("post_attention_layernorm", "ffn_norm")],
+    ..HfNaming::GENERIC
 };
 
 /// One model family: its config rules, the tensors of its layers, and how a
@@ -206,6 +209,23 @@ pub trait LayerTensors {
     fn matrix(&self, role: Role) -> Option<Weight<'_>>;
     /// A small tensor of the layer as f32 values, if it holds one.
     fn vector(&self, role: Role) -> Option<&[f32]>;
+    /// The routed experts of a stacked expert role ([`Role::is_experts`]):
+    /// one stacked matrix (GGUF), or one matrix per expert (Hugging Face).
+    fn experts(&self, role: Role) -> Option<moe::Experts<'_>> {
+        self.matrix(role).map(moe::Experts::Stacked)
+    }
+}
+
+/// The experts of role `role` of layer `layer`, or an error naming them.
+pub fn require_experts<'t>(
+    t: &'t dyn LayerTensors,
+    layer: usize,
+    role: Role,
+) -> Result<moe::Experts<'t>> {
+    t.experts(role).ok_or(ModelError::MissingLayerTensor {
+        layer,
+        tensor: role.suffix(),
+    })
 }
 
 /// The matrix `role` of layer `layer`, or an error naming it.

@@ -1,8 +1,10 @@
 //! The mixture-of-experts FFN block, shared by every MoE family. A layer's
-//! experts are stacked in three matrices (`ffn.{gate,up,down}_exps`,
-//! `n_expert × rows` rows each); expert `e` is the row range
-//! `e*rows..(e+1)*rows` ([`expert`]), so the kernels, the weight engine and a
-//! streamed read see one expert as one more row range.
+//! experts come in three projections (`ffn.{gate,up,down}_exps`), each
+//! [`Experts`]: stacked in one matrix of `n_expert × rows` rows (GGUF), expert
+//! `e` being the row range `e*rows..(e+1)*rows`, or one matrix per expert
+//! (Hugging Face, `ffn.gate_exps.{e}`). Either way one expert is one byte
+//! range of the checkpoint, so the kernels, the weight engine and a streamed
+//! read see one expert as one more row range.
 //!
 //! ```text
 //! x       = rmsnorm(h) · norm
@@ -25,8 +27,8 @@
 //! token-tiled kernels ([`Routing::groups`]).
 
 use super::decoder::{Clock, Op, grow, matmul, matmul_many};
-use super::{LayerTensors, Role, require_matrix, require_vector};
-use crate::config::{GgufKeys, ModelConfig};
+use super::{LayerTensors, Role, require_experts, require_matrix, require_vector};
+use crate::config::{GgufKeys, HfKeys, ModelConfig};
 use crate::error::{ModelError, Result};
 use flatrun_kernels::{Kernels, Weight, ops};
 
@@ -143,6 +145,77 @@ impl MoeConfig {
     }
 }
 
+impl MoeConfig {
+    /// The MoE settings of a Hugging Face `config.json` under the family's
+    /// `rules`: `num_experts` (Mixtral: `num_local_experts`),
+    /// `num_experts_per_tok`, `moe_intermediate_size` (else `n_ff`),
+    /// `shared_expert_intermediate_size`, and `norm_topk_prob` in place of the
+    /// rules' renormalization when present. Every layer must be a MoE layer:
+    /// a `decoder_sparse_step` above 1 or a non-empty `mlp_only_layers` (dense
+    /// layers among them) is refused.
+    pub fn from_hf(keys: &HfKeys, rules: MoeRules, n_ff: usize) -> Result<MoeConfig> {
+        let n_expert = keys
+            .u64("num_experts")
+            .or_else(|| keys.u64("num_local_experts"))
+            .ok_or_else(|| ModelError::MissingKey {
+                arch: keys.arch.to_string(),
+                key: "num_experts".into(),
+            })? as usize;
+        let n_expert_used = keys.require_usize("num_experts_per_tok")?;
+        if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert {
+            return Err(ModelError::BadValue {
+                key: "num_experts_per_tok".into(),
+                what: format!("{n_expert_used} experts used of {n_expert}"),
+            });
+        }
+        let step = keys.u64("decoder_sparse_step").unwrap_or(1);
+        let dense = keys
+            .get("mlp_only_layers")
+            .and_then(|v| v.as_array())
+            .is_some_and(|a| !a.is_empty());
+        if step != 1 || dense {
+            return Err(ModelError::BadValue {
+                key: if dense {
+                    "mlp_only_layers"
+                } else {
+                    "decoder_sparse_step"
+                }
+                .into(),
+                what: "dense FFN layers among the expert layers are not supported".into(),
+            });
+        }
+        let n_ff_expert = keys
+            .u64("moe_intermediate_size")
+            .map_or(n_ff, |v| v as usize);
+        let shared = rules.shared_expert.then(|| SharedExpertConfig {
+            n_ff: keys
+                .u64("shared_expert_intermediate_size")
+                .map_or(n_ff_expert, |v| v as usize),
+            gated: rules.shared_gate,
+        });
+        Ok(MoeConfig {
+            n_expert,
+            n_expert_used,
+            n_ff_expert,
+            gating: rules.gating,
+            normalize: keys.bool("norm_topk_prob").unwrap_or(rules.normalize),
+            weights_scale: 1.0,
+            shared,
+            activation: rules.activation,
+        })
+    }
+
+    /// The shape `[rows, cols]` of one expert of a stacked expert role:
+    /// gate and up `[n_ff_expert, n_embd]`, down `[n_embd, n_ff_expert]`.
+    pub fn expert_shape(&self, n_embd: usize, role: Role) -> Option<[usize; 2]> {
+        match role {
+            Role::FfnGateExps | Role::FfnUpExps => Some([self.n_ff_expert, n_embd]),
+            Role::FfnDownExps => Some([n_embd, self.n_ff_expert]),
+            _ => None,
+        }
+    }
+}
+
 /// The roles of a MoE FFN (after its norm), matrices in the order the block
 /// multiplies them; the biases are used where a checkpoint has them.
 pub fn moe_roles(moe: &MoeConfig) -> Vec<(Role, super::Need)> {
@@ -180,6 +253,54 @@ pub fn expert<'a>(w: &Weight<'a>, e: usize, rows: usize) -> Result<Weight<'a>> {
         })
 }
 
+/// One projection of a layer's routed experts, as the checkpoint stores it.
+#[derive(Clone, Copy, Debug)]
+pub enum Experts<'a> {
+    /// One matrix of `n_expert × rows` rows (GGUF's `ffn_*_exps`): expert `e`
+    /// is rows `e*rows..(e+1)*rows`.
+    Stacked(Weight<'a>),
+    /// One matrix of `rows` rows per expert, in expert order (Hugging Face).
+    Split(&'a [Weight<'a>]),
+}
+
+impl<'a> Experts<'a> {
+    /// Expert `e`, whose matrix has `rows` rows.
+    pub fn expert(&self, e: usize, rows: usize) -> Result<Weight<'a>> {
+        match self {
+            Experts::Stacked(w) => expert(w, e, rows),
+            Experts::Split(ws) => ws.get(e).copied().ok_or_else(|| ModelError::Kernel {
+                layer: usize::MAX,
+                op: "ffn.experts",
+                what: format!("expert {e} of {}", ws.len()),
+            }),
+        }
+    }
+
+    /// Whether these are `n` experts of `rows × cols` each; what is wrong
+    /// otherwise.
+    fn check(&self, n: usize, rows: usize, cols: usize) -> std::result::Result<(), String> {
+        match self {
+            Experts::Stacked(w) if w.rows != n * rows || w.cols != cols => Err(format!(
+                "is {}×{}, expected {}×{cols} ({n} experts of {rows} rows)",
+                w.rows,
+                w.cols,
+                n * rows
+            )),
+            Experts::Split(ws) if ws.len() != n => {
+                Err(format!("has {} experts, expected {n}", ws.len()))
+            }
+            Experts::Split(ws) => match ws.iter().position(|w| w.rows != rows || w.cols != cols) {
+                Some(e) => Err(format!(
+                    "expert {e} is {}×{}, expected {rows}×{cols}",
+                    ws[e].rows, ws[e].cols
+                )),
+                None => Ok(()),
+            },
+            Experts::Stacked(_) => Ok(()),
+        }
+    }
+}
+
 /// The shared expert's weights.
 #[derive(Clone, Copy, Debug)]
 pub struct SharedExpertTensors<'a> {
@@ -198,11 +319,11 @@ pub struct MoeTensors<'a> {
     /// `n_expert × n_embd`.
     pub router: Weight<'a>,
     pub router_bias: Option<&'a [f32]>,
-    /// Stacked experts: gate and up `n_expert·n_ff_expert × n_embd`, down
-    /// `n_expert·n_embd × n_ff_expert`.
-    pub gate: Weight<'a>,
-    pub up: Weight<'a>,
-    pub down: Weight<'a>,
+    /// The experts: gate and up `n_ff_expert × n_embd` each, down
+    /// `n_embd × n_ff_expert`.
+    pub gate: Experts<'a>,
+    pub up: Experts<'a>,
+    pub down: Experts<'a>,
     /// Per-expert biases, `n_expert × rows` (gpt-oss).
     pub gate_bias: Option<&'a [f32]>,
     pub up_bias: Option<&'a [f32]>,
@@ -237,9 +358,9 @@ impl<'a> MoeTensors<'a> {
             norm: require_vector(t, layer, norm)?,
             router: require_matrix(t, layer, Role::FfnGateInp)?,
             router_bias: t.vector(Role::FfnGateInpBias),
-            gate: require_matrix(t, layer, Role::FfnGateExps)?,
-            up: require_matrix(t, layer, Role::FfnUpExps)?,
-            down: require_matrix(t, layer, Role::FfnDownExps)?,
+            gate: require_experts(t, layer, Role::FfnGateExps)?,
+            up: require_experts(t, layer, Role::FfnUpExps)?,
+            down: require_experts(t, layer, Role::FfnDownExps)?,
             gate_bias: t.vector(Role::FfnGateExpsBias),
             up_bias: t.vector(Role::FfnUpExpsBias),
             down_bias: t.vector(Role::FfnDownExpsBias),
@@ -266,9 +387,15 @@ impl<'a> MoeTensors<'a> {
             Ok(())
         };
         shape(&self.router, "ffn.gate_inp", e, d)?;
-        shape(&self.gate, "ffn.gate_exps", e * ff, d)?;
-        shape(&self.up, "ffn.up_exps", e * ff, d)?;
-        shape(&self.down, "ffn.down_exps", e * d, ff)?;
+        for (experts, name, rows, cols) in [
+            (&self.gate, "ffn.gate_exps", ff, d),
+            (&self.up, "ffn.up_exps", ff, d),
+            (&self.down, "ffn.down_exps", d, ff),
+        ] {
+            experts
+                .check(e, rows, cols)
+                .map_err(|what| bad(format!("{name} {what}")))?;
+        }
         let len = |v: Option<&[f32]>, name: &str, want: usize| match v {
             Some(v) if v.len() != want => Err(bad(format!(
                 "{name} has {} values, expected {want}",
@@ -452,15 +579,15 @@ pub(crate) fn moe_block(
         let sel: Vec<usize> = sel.iter().map(|&e| e as usize).collect();
         let gates = sel
             .iter()
-            .map(|&e| expert(&w.gate, e, ff))
+            .map(|&e| w.gate.expert(e, ff))
             .collect::<Result<Vec<_>>>()?;
         let ups = sel
             .iter()
-            .map(|&e| expert(&w.up, e, ff))
+            .map(|&e| w.up.expert(e, ff))
             .collect::<Result<Vec<_>>>()?;
         let downs = sel
             .iter()
-            .map(|&e| expert(&w.down, e, d))
+            .map(|&e| w.down.expert(e, d))
             .collect::<Result<Vec<_>>>()?;
         let gate = grow(&mut s.gate, k * ff);
         let up = grow(&mut s.up, k * ff);
@@ -511,9 +638,9 @@ pub(crate) fn moe_block(
                 xg[i * d..(i + 1) * d].copy_from_slice(&xb[t * d..(t + 1) * d]);
             }
             let (ge, ue, de) = (
-                expert(&w.gate, e, ff)?,
-                expert(&w.up, e, ff)?,
-                expert(&w.down, e, d)?,
+                w.gate.expert(e, ff)?,
+                w.up.expert(e, ff)?,
+                w.down.expert(e, d)?,
             );
             let gate = grow(&mut s.gate, m * ff);
             let up = grow(&mut s.up, m * ff);

@@ -15,7 +15,32 @@ use super::moe::{MoeConfig, MoeRules};
 use super::{Arch, Architecture, LayerTensors, MemoryKind, Need, Role, Segment, qwen35};
 use crate::config::{GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
+use flatrun_format::HfNaming;
+use flatrun_format::names::HF_MLP_EXPERTS;
 use flatrun_kernels::Kernels;
+
+/// How Qwen2-MoE, Qwen3-MoE and OLMoE checkpoints on Hugging Face name their
+/// MoE tensors: the router `mlp.gate`, one tensor per expert and projection
+/// (`mlp.experts.{e}.{gate,up,down}_proj`), Qwen2-MoE's shared expert
+/// (`mlp.shared_expert.*`) and its gate (`mlp.shared_expert_gate`, `[1, n_embd]`).
+pub const HF_MOE_NAMING: HfNaming = HfNaming {
+    layer_stems: &[
+        ("post_attention_layernorm", "ffn_norm"),
+        ("mlp.gate", "ffn.gate_inp"),
+        ("mlp.shared_expert.gate_proj", "ffn.gate_shexp"),
+        ("mlp.shared_expert.up_proj", "ffn.up_shexp"),
+        ("mlp.shared_expert.down_proj", "ffn.down_shexp"),
+        ("mlp.shared_expert_gate", "ffn.gate_inp_shexp"),
+    ],
+    expert_stems: HF_MLP_EXPERTS,
+};
+
+/// `cfg` (read by `common_from_hf`) with its experts read from `config.json`
+/// under `rules`.
+fn with_hf_experts(mut cfg: ModelConfig, keys: &HfKeys, rules: MoeRules) -> Result<ModelConfig> {
+    cfg.moe = Some(MoeConfig::from_hf(keys, rules, cfg.n_ff)?);
+    Ok(cfg)
+}
 
 /// Qwen3-MoE's, Mixtral's and Qwen3.5-MoE's rules: softmax, renormalized top-k.
 pub const RENORMALIZED: MoeRules = MoeRules {
@@ -77,13 +102,20 @@ impl Architecture for Qwen3Moe {
     fn name(&self) -> &'static str {
         "qwen3moe"
     }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["qwen3_moe"]
+    }
     fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
         let mut cfg = super::common_from_gguf(Arch::new(&Qwen3Moe), keys)?;
         cfg.rope_layout = RopeLayout::Neox;
         with_experts(cfg, keys, RENORMALIZED, true)
     }
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
-        gguf_only(keys, "Qwen3-MoE")
+        let cfg = super::common_from_hf(Arch::new(&Qwen3Moe), keys)?;
+        with_hf_experts(cfg, keys, RENORMALIZED)
+    }
+    fn hf_naming(&self) -> HfNaming {
+        HF_MOE_NAMING
     }
     fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
         decoder::layer_roles(
@@ -104,13 +136,20 @@ impl Architecture for Qwen2Moe {
     fn name(&self) -> &'static str {
         "qwen2moe"
     }
+    fn aliases(&self) -> &'static [&'static str] {
+        &["qwen2_moe"]
+    }
     fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
         let mut cfg = super::common_from_gguf(Arch::new(&Qwen2Moe), keys)?;
         cfg.rope_layout = RopeLayout::Neox;
         with_experts(cfg, keys, SHARED_GATED, true)
     }
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
-        gguf_only(keys, "Qwen2-MoE")
+        let cfg = super::common_from_hf(Arch::new(&Qwen2Moe), keys)?;
+        with_hf_experts(cfg, keys, SHARED_GATED)
+    }
+    fn hf_naming(&self) -> HfNaming {
+        HF_MOE_NAMING
     }
     fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
         decoder::layer_roles(
@@ -137,7 +176,17 @@ impl Architecture for Olmoe {
         with_experts(cfg, keys, MoeRules::SOFTMAX, true)
     }
     fn config_from_hf(&self, keys: &HfKeys) -> Result<ModelConfig> {
-        gguf_only(keys, "OLMoE")
+        if keys.f32("clip_qkv").is_some() {
+            return Err(ModelError::BadValue {
+                key: "clip_qkv".into(),
+                what: "clipping of q, k and v is not supported".into(),
+            });
+        }
+        let cfg = super::common_from_hf(Arch::new(&Olmoe), keys)?;
+        with_hf_experts(cfg, keys, MoeRules::SOFTMAX)
+    }
+    fn hf_naming(&self) -> HfNaming {
+        HF_MOE_NAMING
     }
     fn layer_roles(&self, cfg: &ModelConfig, _: usize) -> Vec<(Role, Need)> {
         // q/k norms over each token's whole q and k (their length says so).

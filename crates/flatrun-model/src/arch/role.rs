@@ -252,13 +252,45 @@ pub fn layer_tensor(layer: usize, role: Role) -> String {
     format!("layers.{layer}.{}", role.suffix())
 }
 
-/// The layer and role of a canonical per-layer name (`layers.3.attn.q`).
+/// Canonical name of expert `e`'s own tensor of a stacked expert role, as
+/// checkpoints that store one tensor per expert (Hugging Face) name it:
+/// `layers.{layer}.{role suffix}.{e}`.
+///
+/// ```
+/// use flatrun_model::arch::{expert_tensor, parse_expert_tensor, Role};
+/// assert_eq!(expert_tensor(3, Role::FfnUpExps, 5), "layers.3.ffn.up_exps.5");
+/// assert_eq!(parse_expert_tensor("layers.3.ffn.up_exps.5"), Some((3, Role::FfnUpExps, Some(5))));
+/// assert_eq!(parse_expert_tensor("layers.3.ffn.up_exps"), Some((3, Role::FfnUpExps, None)));
+/// ```
+pub fn expert_tensor(layer: usize, role: Role, e: usize) -> String {
+    format!("layers.{layer}.{}.{e}", role.suffix())
+}
+
+/// The layer and role of a canonical per-layer name (`layers.3.attn.q`);
+/// one expert's tensor of a stacked expert role (`layers.3.ffn.up_exps.5`)
+/// has that role.
 pub fn parse_layer_tensor(name: &str) -> Option<(usize, Role)> {
+    parse_expert_tensor(name).map(|(layer, role, _)| (layer, role))
+}
+
+/// The layer, role and, for one expert's own tensor ([`expert_tensor`]),
+/// the expert of a canonical per-layer name.
+pub fn parse_expert_tensor(name: &str) -> Option<(usize, Role, Option<usize>)> {
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     let (index, suffix) = name.strip_prefix("layers.")?.split_once('.')?;
-    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+    if !digits(index) {
         return None;
     }
-    Some((index.parse().ok()?, Role::from_suffix(suffix)?))
+    let layer = index.parse().ok()?;
+    if let Some(role) = Role::from_suffix(suffix) {
+        return Some((layer, role, None));
+    }
+    let (stem, e) = suffix.rsplit_once('.')?;
+    let role = Role::from_suffix(stem).filter(|r| r.is_experts())?;
+    if !digits(e) {
+        return None;
+    }
+    Some((layer, role, Some(e.parse().ok()?)))
 }
 
 #[cfg(test)]
@@ -276,6 +308,13 @@ mod tests {
             );
         }
         assert_eq!(parse_layer_tensor("layers.x.attn.q"), None);
+        assert_eq!(
+            parse_layer_tensor("layers.2.ffn.down_exps.17"),
+            Some((2, Role::FfnDownExps))
+        );
+        assert_eq!(parse_layer_tensor("layers.2.attn.q.17"), None);
+        assert_eq!(parse_layer_tensor("layers.2.ffn.down_exps.x"), None);
+        assert_eq!(parse_layer_tensor("layers.2.ffn.down_exps."), None);
         assert_eq!(parse_layer_tensor("layers.1.mystery"), None);
         assert_eq!(parse_layer_tensor("embed"), None);
     }
