@@ -88,13 +88,20 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
     sampling.seed = flags.seed;
     let config = cmd.server.server_config(sampling);
     let scheduler = cmd.server.scheduler_config();
+    let mut engine_flags = cmd.engine.clone();
+    if cmd.server.max_resident.is_some() {
+        // Each load's residency comes from the budget; naming one here
+        // keeps the flags from planning another from the free memory
+        // (a header read per load).
+        engine_flags.residency = vec!["stream".into()];
+    }
     let loaders: Vec<(String, Arc<dyn ModelLoader>)> = paths
         .iter()
         .zip(names)
         .map(|(path, name)| {
             let loader: Arc<dyn ModelLoader> = Arc::new(CheckpointLoader {
                 path: path.clone(),
-                flags: cmd.engine.clone(),
+                flags: engine_flags.clone(),
                 scheduler: scheduler.clone(),
                 quiet: cmd.output.quiet,
             });
@@ -171,32 +178,35 @@ impl CheckpointLoader {
             .load_options(&self.path)
             .map_err(|e| format!("{e:#}"))
     }
+
+    fn planner(&self) -> Result<flatrun_runtime::MemoryPlanner, String> {
+        flatrun_runtime::MemoryPlanner::open(&self.path)
+            .map_err(|e| format!("cannot plan {}: {e}", self.path.display()))
+    }
 }
 
 impl ModelLoader for CheckpointLoader {
     fn footprint(&self) -> Result<Footprint, String> {
         let options = self.options()?;
+        let planner = self.planner()?;
         let peak = |residency| {
-            let options = LoadOptions {
-                residency,
-                ..options.clone()
-            };
-            flatrun_runtime::plan_memory(&self.path, &options)
-                .map(|plan| plan.peak_bytes)
-                .map_err(|e| format!("cannot plan {}: {e}", self.path.display()))
+            planner
+                .plan(&LoadOptions {
+                    residency,
+                    ..options.clone()
+                })
+                .peak_bytes
         };
         Ok(Footprint {
-            resident: peak(Residency::Resident)?,
-            least: peak(Residency::Stream)?,
+            resident: peak(Residency::Resident),
+            least: peak(Residency::Stream),
         })
     }
 
     fn load(&self, budget: Option<u64>) -> Result<LoadedModel, String> {
         let mut options = self.options()?;
         if let Some(budget) = budget {
-            options.residency = flatrun_runtime::plan_within(&self.path, &options, budget)
-                .map_err(|e| format!("cannot plan {}: {e}", self.path.display()))?
-                .residency;
+            options.residency = self.planner()?.within(&options, budget).residency;
         }
         let result = load_with(&self.path, options, true).and_then(|loaded| {
             if !self.quiet {

@@ -50,7 +50,7 @@ mod weights_override;
 pub use error::{Result, RuntimeError};
 pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
-pub use model::{Model, Session, default_residency, plan_memory, plan_within};
+pub use model::{MemoryPlanner, Model, Session, default_residency};
 pub use options::{
     BackendKind, ContextOverflow, KvType, LoadOptions, MlxActivations, Prefetch, Residency,
     StreamReads,

@@ -35,7 +35,7 @@ pub struct Model {
 /// has (inside a memory cgroup, its limit less its usage; see
 /// [`MemoryPlan::default_residency`]). Reads only the checkpoint's header.
 pub fn default_residency(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<Residency> {
-    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
+    let MemoryPlanner { cfg, manifest } = MemoryPlanner::open(path)?;
     Ok(MemoryPlan::default_residency(
         &cfg,
         &manifest,
@@ -44,32 +44,39 @@ pub fn default_residency(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<R
     ))
 }
 
-/// The memory plan of the model at `path` with `opts` (what
-/// [`Model::load`] would check), from the checkpoint's header alone.
-pub fn plan_memory(path: impl AsRef<Path>, opts: &LoadOptions) -> Result<MemoryPlan> {
-    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
-    Ok(MemoryPlan::new(
-        &cfg,
-        &manifest,
-        opts,
-        crate::memory::memory_headroom(),
-    ))
+/// The memory plans of one checkpoint, worked out from its header alone
+/// (read once, however many plans are asked for).
+pub struct MemoryPlanner {
+    cfg: ModelConfig,
+    manifest: Manifest,
 }
 
-/// The plan that keeps the model at `path` within `budget` bytes
-/// ([`MemoryPlan::within`]: resident, capped or streamed), from the
-/// checkpoint's header alone; load it with `plan.residency`.
-pub fn plan_within(path: impl AsRef<Path>, opts: &LoadOptions, budget: u64) -> Result<MemoryPlan> {
-    let (cfg, manifest) = header_plan_inputs(path.as_ref())?;
-    Ok(MemoryPlan::within(&cfg, &manifest, opts, budget))
-}
+impl MemoryPlanner {
+    /// Reads the header of the checkpoint at `path`.
+    pub fn open(path: impl AsRef<Path>) -> Result<MemoryPlanner> {
+        let checkpoint = Checkpoint::open(path.as_ref())?;
+        let mut cfg = checkpoint.config()?;
+        let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
+        cfg.vocab_size = manifest.vocab_size();
+        Ok(MemoryPlanner { cfg, manifest })
+    }
 
-fn header_plan_inputs(path: &Path) -> Result<(ModelConfig, Manifest)> {
-    let checkpoint = Checkpoint::open(path)?;
-    let mut cfg = checkpoint.config()?;
-    let manifest = Manifest::build(&cfg, checkpoint.backend().tensors())?;
-    cfg.vocab_size = manifest.vocab_size();
-    Ok((cfg, manifest))
+    /// The plan of a load with `opts` (what [`Model::load`] would check).
+    pub fn plan(&self, opts: &LoadOptions) -> MemoryPlan {
+        MemoryPlan::new(
+            &self.cfg,
+            &self.manifest,
+            opts,
+            crate::memory::memory_headroom(),
+        )
+    }
+
+    /// The plan that keeps the model within `budget` bytes
+    /// ([`MemoryPlan::within`]: resident, capped or streamed); load it with
+    /// `plan.residency`.
+    pub fn within(&self, opts: &LoadOptions, budget: u64) -> MemoryPlan {
+        MemoryPlan::within(&self.cfg, &self.manifest, opts, budget)
+    }
 }
 
 impl Model {

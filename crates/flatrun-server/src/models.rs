@@ -64,9 +64,6 @@ pub struct ModelPolicy {
 /// Why a model could not be had.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum AcquireError {
-    /// No model of that name (the names served are listed).
-    #[error("model `{name}` not found")]
-    NotFound { name: String, served: Vec<String> },
     /// Loaded by the caller, which has not installed it yet.
     #[error("the model is still loading")]
     Loading,

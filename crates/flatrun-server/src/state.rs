@@ -211,10 +211,6 @@ fn loading(flavor: ApiFlavor, message: impl Into<String>) -> ApiError {
 fn acquire_error(flavor: ApiFlavor, name: &str, error: AcquireError) -> ApiError {
     match error {
         AcquireError::Loading => loading(flavor, format!("model `{name}` is still loading")),
-        AcquireError::NotFound { .. } => {
-            ApiError::new(flavor, ErrorKind::NotFound, error.to_string())
-                .with_code("model_not_found")
-        }
         AcquireError::LoadFailed { .. } => {
             ApiError::new(flavor, ErrorKind::Internal, error.to_string())
                 .with_code("model_load_failed")

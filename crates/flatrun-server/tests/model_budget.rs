@@ -92,6 +92,21 @@ fn chat(model: &str, max_tokens: u32) -> Value {
     json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens, "temperature": 0})
 }
 
+/// Opens a long streamed answer of `model` and returns its connection
+/// (the model is busy until it is dropped).
+async fn keep_busy(server: &TestServer, model: &str) -> tokio::net::TcpStream {
+    let body = json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 480, "stream": true});
+    let (socket, _) = open_stream_until(
+        server.addr,
+        "/v1/chat/completions",
+        &[],
+        &body.to_string(),
+        "data: ",
+    )
+    .await;
+    socket
+}
+
 /// `status` of each model in `/v1/models`, by name.
 async fn statuses(server: &TestServer) -> Vec<(String, Value)> {
     let r = server.get("/v1/models").await;
@@ -178,15 +193,7 @@ async fn a_budget_unloads_idle_models_first_and_streams_beside_busy_ones() {
     assert_eq!(status_of(&server, "b").await["residency"], "resident");
     // While b generates, c gets what is left (40) but the 10 kept for a
     // to stream: it streams.
-    let body = json!({"model": "b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 480, "stream": true});
-    let (busy, _) = open_stream_until(
-        server.addr,
-        "/v1/chat/completions",
-        &[],
-        &body.to_string(),
-        "data: ",
-    )
-    .await;
+    let busy = keep_busy(&server, "b").await;
     let r = server
         .post_json("/v1/chat/completions", &chat("c", 2))
         .await;
@@ -228,15 +235,7 @@ async fn no_room_beside_busy_models_is_a_503() {
         keep_alive: None,
     };
     let server = server_with(policy, &[a.clone(), b.clone()]).await;
-    let body = json!({"model": "a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 480, "stream": true});
-    let (busy, _) = open_stream_until(
-        server.addr,
-        "/v1/chat/completions",
-        &[],
-        &body.to_string(),
-        "data: ",
-    )
-    .await;
+    let busy = keep_busy(&server, "a").await;
     let r = server
         .post_json("/v1/chat/completions", &chat("b", 2))
         .await;
