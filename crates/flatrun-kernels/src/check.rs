@@ -15,6 +15,15 @@ fn buffer_error(w: &Weight, what: &'static str, expected: usize, got: usize) -> 
     }
 }
 
+/// Validate a [`crate::Kernels::matmul_many`] call's lists: one output per
+/// weight.
+pub fn check_output_list(ws: &[&Weight], outs: usize) -> Result<(), KernelError> {
+    match ws.first() {
+        Some(w) if ws.len() != outs => Err(buffer_error(w, "output list", ws.len(), outs)),
+        _ => Ok(()),
+    }
+}
+
 /// Validate a matmul call: the weight's bytes and the buffer lengths.
 pub(crate) fn check_matmul(
     w: &Weight,

@@ -43,6 +43,7 @@ use std::str::FromStr;
 use std::sync::{Arc, OnceLock};
 
 pub use call_order::with_one_token_order;
+pub use check::check_output_list;
 pub use error::KernelError;
 pub use native::NativeKernels;
 pub use reference::ReferenceKernels;
@@ -127,16 +128,7 @@ pub trait Kernels: Send + Sync {
         n_tokens: usize,
         outs: &mut [&mut [f32]],
     ) -> Result<(), KernelError> {
-        if let (Some(w), true) = (ws.first(), ws.len() != outs.len()) {
-            return Err(KernelError::BufferLength {
-                format: w.format.to_string(),
-                rows: w.rows,
-                cols: w.cols,
-                what: "output list",
-                expected: ws.len(),
-                got: outs.len(),
-            });
-        }
+        check_output_list(ws, outs.len())?;
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             self.matmul(w, x, n_tokens, out)?;
         }

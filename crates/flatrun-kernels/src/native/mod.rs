@@ -504,16 +504,7 @@ impl Kernels for NativeKernels {
             )
         };
         let cols = ws.first().map_or(0, |w| w.cols);
-        if let (Some(w), true) = (ws.first(), ws.len() != outs.len()) {
-            return Err(KernelError::BufferLength {
-                format: w.format.to_string(),
-                rows: w.rows,
-                cols: w.cols,
-                what: "output list",
-                expected: ws.len(),
-                got: outs.len(),
-            });
-        }
+        crate::check_output_list(ws, outs.len())?;
         if ws.len() > MAX_SHARED_JOB
             || n_tokens == 0
             || !ws.iter().all(|w| shared(w) && w.cols == cols)

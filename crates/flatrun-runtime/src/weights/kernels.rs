@@ -311,16 +311,7 @@ impl Kernels for ChunkedKernels<'_> {
                 Ok(())
             }
             _ => {
-                if let (Some(w), true) = (ws.first(), ws.len() != outs.len()) {
-                    return Err(KernelError::BufferLength {
-                        format: w.format.to_string(),
-                        rows: w.rows,
-                        cols: w.cols,
-                        what: "output list",
-                        expected: ws.len(),
-                        got: outs.len(),
-                    });
-                }
+                flatrun_kernels::check_output_list(ws, outs.len())?;
                 for (w, out) in ws.iter().zip(outs.iter_mut()) {
                     self.matmul(w, x, n_tokens, out)?;
                 }
