@@ -662,6 +662,23 @@ pub fn attention_with_sinks(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
+    attend(q, q_pos, k, v, key_pos, cfg, sinks, out, true)
+}
+
+/// [`attention_with_sinks`]; `tiled` lets several queries over an f16 or
+/// f32 cache take the tiled path (the same numbers).
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    q_pos: &[usize],
+    k: KvSlice,
+    v: KvSlice,
+    key_pos: &[usize],
+    cfg: &AttnConfig,
+    sinks: Option<&[f32]>,
+    out: &mut [f32],
+    tiled: bool,
+) {
     let hd = cfg.head_dim;
     // Block-quantized rows must hold whole heads.
     let blocks = k.is_blocks() || v.is_blocks();
@@ -763,45 +780,39 @@ pub fn attention_with_sinks(
                 scores.push(x);
             }
             let sink = sinks.and_then(|s| s.get(h)).copied();
-            if let Some(s) = sink {
-                max = max.max(s);
-            }
-            // Softmax weights with ggml's expf; their sum is taken 8 slots
-            // at a time in f32, accumulated in f64 (ggml's AVX2 soft_max).
-            exp_shifted(scores, max);
-            let mut sum = 0f64;
-            let mut eight = [0f32; 8];
-            let mut chunk = usize::MAX;
-            for (&j, s) in slots.iter().zip(scores.iter()) {
-                if j / 8 != chunk {
-                    sum += reduce8(&eight) as f64;
-                    eight = [0.0; 8];
-                    chunk = j / 8;
-                }
-                eight[j % 8] = *s;
-            }
-            sum += reduce8(&eight) as f64;
-            if let Some(s) = sink {
-                sum += (s - max).exp() as f64;
-            }
-            let inv = (1.0 / sum) as f32;
-            // Weighted sum of values, the weights rounded to the values' type
-            // as ggml's f16 `kq·v` product does, summed in ggml's lane order.
-            let lanes = order.lanes();
+            let inv = softmax_weights(slots, scores, max, sink);
             VALUE_LANES.with(|cell| {
                 let mut acc = cell.borrow_mut();
                 acc.clear();
-                acc.resize(lanes * hd, 0.0);
-                for (&j, &p) in slots.iter().zip(scores.iter()) {
-                    let lane = &mut acc[(j % lanes) * hd..(j % lanes + 1) * hd];
-                    v.axpy_row(j * kv_stride + kvh * hd, v.round(p * inv), lane, row);
-                }
+                acc.resize(order.lanes() * hd, 0.0);
+                let off = |j: usize| j * kv_stride + kvh * hd;
+                weigh_values(&v, order.lanes(), slots, scores, inv, off, &mut acc, row);
                 order.reduce_lanes(&acc, o);
             });
         });
     };
-    // Each task costs about 2 · visible keys · head_dim multiply-adds.
-    if n_tasks * written_slots.len() * hd * 2 < PARALLEL_WORK {
+    // Several queries over an f16 or f32 cache: in tiles that read each
+    // block of keys and values once for a block of queries.
+    if tiled && !blocks && n_q >= 2 {
+        let tiles = Tiles {
+            q,
+            q_pos,
+            k: &k,
+            v: &v,
+            key_pos,
+            written: written_slots,
+            cfg,
+            sinks,
+            order,
+            n_q,
+            n_tasks,
+            group,
+            kv_stride,
+            out: out_ptr,
+        };
+        tiles.run();
+    } else if n_tasks * written_slots.len() * hd * 2 < PARALLEL_WORK {
+        // Each task costs about 2 · visible keys · head_dim multiply-adds.
         (0..n_tasks).for_each(task);
     } else {
         crate::threads::parallel_for(n_tasks, &task);
@@ -809,6 +820,246 @@ pub fn attention_with_sinks(
     WRITTEN.with(|c| c.replace(written));
     QUERIES.with(|c| c.replace(q_rounded));
     QUERY_BLOCKS.with(|c| c.replace(q_quantized));
+}
+
+/// Softmax of one query's visible scores, in place: `scores[i] =
+/// ggml_expf(scores[i] − max)` (`max` the largest score, the sink
+/// included); returns `1 / Σ` where the sum is taken 8 slots at a time in
+/// f32 (`slots[i]` the slot of `scores[i]`, grouped by `slot / 8`),
+/// accumulated in f64, with the sink's `exp(sink − max)` added (ggml's AVX2
+/// `soft_max`).
+fn softmax_weights(slots: &[usize], scores: &mut [f32], max: f32, sink: Option<f32>) -> f32 {
+    let max = sink.map_or(max, |s| max.max(s));
+    exp_shifted(scores, max);
+    let mut sum = 0f64;
+    let mut eight = [0f32; 8];
+    let mut chunk = usize::MAX;
+    for (&j, s) in slots.iter().zip(scores.iter()) {
+        if j / 8 != chunk {
+            sum += reduce8(&eight) as f64;
+            eight = [0.0; 8];
+            chunk = j / 8;
+        }
+        eight[j % 8] = *s;
+    }
+    sum += reduce8(&eight) as f64;
+    if let Some(s) = sink {
+        sum += (s - max).exp() as f64;
+    }
+    (1.0 / sum) as f32
+}
+
+/// `acc[lane(j)] += round(w · inv) · v[j]` for each slot `j` of `slots` with
+/// its weight `w` of `weights`, in order, where lane `j % lanes` holds
+/// `head_dim` partial sums (`acc`: `lanes × head_dim`) and `off(j)` is where
+/// slot `j`'s value row starts: the weights rounded to the values' type and
+/// the lanes as ggml's f16 `kq·v` product sums them.
+#[allow(clippy::too_many_arguments)]
+fn weigh_values(
+    v: &KvSlice,
+    lanes: usize,
+    slots: &[usize],
+    weights: &[f32],
+    inv: f32,
+    off: impl Fn(usize) -> usize,
+    acc: &mut [f32],
+    row: &mut [f32],
+) {
+    let hd = acc.len() / lanes.max(1);
+    for (&j, &p) in slots.iter().zip(weights) {
+        let lane = &mut acc[(j % lanes) * hd..(j % lanes + 1) * hd];
+        v.axpy_row(off(j), v.round(p * inv), lane, row);
+    }
+}
+
+/// Query positions of one tile of the tiled path (each with every head of
+/// its KV head's group).
+const TILE_QUERIES: usize = 8;
+/// Written slots of one key tile.
+const TILE_KEYS: usize = 64;
+
+/// Several queries over an f16 or f32 cache, tile by tile. A task takes
+/// one KV head and [`TILE_QUERIES`] positions, so its query vectors are
+/// that head's group at those positions; it walks the keys [`TILE_KEYS`]
+/// slots at a time, each tile's keys read once for all its vectors (and
+/// then each tile's values), instead of every key once per query and head.
+///
+/// Every number is the one the per-query path computes: a score is the same
+/// dot product, a query's visible slots are listed in the same order, the
+/// softmax is [`softmax_weights`] over them, and each query's value lanes
+/// receive its slots in the same order ([`weigh_values`] over successive
+/// key tiles), so the output is bit for bit the same.
+struct Tiles<'a> {
+    q: &'a [f32],
+    q_pos: &'a [usize],
+    k: &'a KvSlice<'a>,
+    v: &'a KvSlice<'a>,
+    key_pos: &'a [usize],
+    written: &'a [usize],
+    cfg: &'a AttnConfig,
+    sinks: Option<&'a [f32]>,
+    order: SumOrder,
+    n_q: usize,
+    /// Query vectors (position × head) that have room in the output.
+    n_tasks: usize,
+    group: usize,
+    kv_stride: usize,
+    out: OutPtr,
+}
+
+/// One query vector of a tile: its index `i · n_head + h`, its visible
+/// slots and their scores (then weights).
+#[derive(Default)]
+struct TileQuery {
+    index: usize,
+    pos: usize,
+    slots: Vec<usize>,
+    scores: Vec<f32>,
+    max: f32,
+    inv: f32,
+}
+
+#[derive(Default)]
+struct TileScratch {
+    queries: Vec<TileQuery>,
+    /// `queries.len() × lanes × head_dim` partial sums of the values.
+    acc: Vec<f32>,
+    row: Vec<f32>,
+}
+
+thread_local! {
+    /// Per-worker scratch of the tiled path, reused across calls.
+    static TILES: RefCell<TileScratch> = RefCell::new(TileScratch::default());
+}
+
+impl Tiles<'_> {
+    fn run(&self) {
+        let n_blocks = self.n_q.div_ceil(TILE_QUERIES);
+        let n_tasks = self.cfg.n_kv_head * n_blocks;
+        let work = self.n_tasks * self.written.len() * self.cfg.head_dim * 2;
+        if work < PARALLEL_WORK {
+            (0..n_tasks).for_each(|t| self.task(t % self.cfg.n_kv_head, t / self.cfg.n_kv_head));
+        } else {
+            crate::threads::parallel_for(n_tasks, &|t| {
+                self.task(t % self.cfg.n_kv_head, t / self.cfg.n_kv_head)
+            });
+        }
+    }
+
+    /// KV head `g` over query positions `block · TILE_QUERIES ..`.
+    fn task(&self, g: usize, block: usize) {
+        let cfg = self.cfg;
+        let hd = cfg.head_dim;
+        let lanes = self.order.lanes();
+        let off = |j: usize| j * self.kv_stride + g * hd;
+        TILES.with(|cell| {
+            let mut guard = cell.borrow_mut();
+            let TileScratch { queries, acc, row } = &mut *guard;
+            row.resize(hd, 0.0);
+            // The tile's query vectors: the heads reading KV head `g`.
+            let mut n = 0;
+            let first = block * TILE_QUERIES;
+            for i in first..(first + TILE_QUERIES).min(self.n_q) {
+                for h in 0..cfg.n_head {
+                    let index = i * cfg.n_head + h;
+                    if (h / self.group).min(cfg.n_kv_head - 1) != g || index >= self.n_tasks {
+                        continue;
+                    }
+                    if queries.len() == n {
+                        queries.push(TileQuery::default());
+                    }
+                    let tq = &mut queries[n];
+                    tq.index = index;
+                    tq.pos = self.q_pos[i];
+                    tq.slots.clear();
+                    tq.scores.clear();
+                    tq.max = f32::NEG_INFINITY;
+                    n += 1;
+                }
+            }
+            let queries = &mut queries[..n];
+            if queries.is_empty() {
+                return;
+            }
+            let last_pos = queries.iter().map(|t| t.pos).max().unwrap_or(0);
+            let visible = |qp: usize, kp: usize| kp <= qp && cfg.window.is_none_or(|w| qp - kp < w);
+            // Scores, a key tile at a time.
+            for tile in self.written.chunks(TILE_KEYS) {
+                if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
+                    continue;
+                }
+                for tq in queries.iter_mut() {
+                    let qv = &self.q[tq.index * hd..(tq.index + 1) * hd];
+                    for &j in tile {
+                        if !visible(tq.pos, self.key_pos[j]) {
+                            continue;
+                        }
+                        let o = off(j);
+                        let qk = match self.k {
+                            KvSlice::F16(ks) => self.order.dot_f16(&ks[o..o + hd], qv, row),
+                            _ => self.k.dot_row(o, qv, row),
+                        };
+                        let mut x = qk * cfg.scale;
+                        if let Some(cap) = cfg.softcap {
+                            x = cap * (x / cap).tanh();
+                        }
+                        tq.max = tq.max.max(x);
+                        tq.slots.push(j);
+                        tq.scores.push(x);
+                    }
+                }
+            }
+            // Each query's softmax weights.
+            for tq in queries.iter_mut() {
+                if tq.slots.is_empty() {
+                    continue;
+                }
+                let sink = self
+                    .sinks
+                    .and_then(|s| s.get(tq.index % cfg.n_head))
+                    .copied();
+                tq.inv = softmax_weights(&tq.slots, &mut tq.scores, tq.max, sink);
+            }
+            // The weighted values, a key tile at a time, each query's slots in order.
+            acc.clear();
+            acc.resize(queries.len() * lanes * hd, 0.0);
+            let mut cursor = vec![0usize; queries.len()];
+            for tile in self.written.chunks(TILE_KEYS) {
+                let end = tile[tile.len() - 1];
+                for ((tq, at), lanes_acc) in queries
+                    .iter()
+                    .zip(cursor.iter_mut())
+                    .zip(acc.chunks_exact_mut(lanes * hd))
+                {
+                    let start = *at;
+                    while *at < tq.slots.len() && tq.slots[*at] <= end {
+                        *at += 1;
+                    }
+                    weigh_values(
+                        self.v,
+                        lanes,
+                        &tq.slots[start..*at],
+                        &tq.scores[start..*at],
+                        tq.inv,
+                        off,
+                        lanes_acc,
+                        row,
+                    );
+                }
+            }
+            for (tq, lanes_acc) in queries.iter().zip(acc.chunks_exact(lanes * hd)) {
+                // SAFETY: index < n_tasks ≤ out.len() / hd, and each query
+                // vector belongs to exactly one task (its position's block
+                // and its head's KV head), which writes only its own head.
+                let o = unsafe { std::slice::from_raw_parts_mut(self.out.at(tq.index * hd), hd) };
+                if tq.slots.is_empty() {
+                    o.fill(0.0);
+                } else {
+                    self.order.reduce_lanes(lanes_acc, o);
+                }
+            }
+        });
+    }
 }
 
 /// `s = ggml_expf(s − max)` for every score (eight at a time on AVX2 hosts, same values).
@@ -881,6 +1132,80 @@ mod tests {
                 m * (1.0 + (x >> 28) as f32)
             })
             .collect()
+    }
+
+    /// The tiled path gives the per-query path's outputs bit for bit:
+    /// f16 and f32 caches, grouped heads, a head count that is not a
+    /// multiple of the KV heads', causal and windowed, soft-capped, with
+    /// sinks, written slots out of position order (a ring) and empty ones,
+    /// more slots than one key tile and more queries than one query tile.
+    #[test]
+    fn tiled_attention_equals_the_per_query_path() {
+        let hd = 64;
+        for (n_head, n_kv) in [(14, 2), (4, 4), (5, 2)] {
+            for (window, softcap, with_sinks) in [
+                (None, None, false),
+                (Some(37), None, false),
+                (None, Some(30.0), true),
+            ] {
+                let cfg = AttnConfig {
+                    n_head,
+                    n_kv_head: n_kv,
+                    head_dim: hd,
+                    scale: 0.125,
+                    window,
+                    softcap,
+                };
+                let n_slots = 150;
+                let n_q = 19;
+                // Slots hold positions in a rotated order, some never written.
+                let key_pos: Vec<usize> = (0..n_slots)
+                    .map(|j| {
+                        if j % 23 == 5 {
+                            usize::MAX
+                        } else {
+                            (j * 7 + 11) % n_slots
+                        }
+                    })
+                    .collect();
+                let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
+                let q = values(n_q * n_head * hd, 1);
+                let kf = values(n_slots * n_kv * hd, 2);
+                let vf = values(n_slots * n_kv * hd, 3);
+                let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+                let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+                let sinks: Vec<f32> = (0..n_head).map(|h| h as f32 * 0.3 - 1.0).collect();
+                let sinks = with_sinks.then_some(&sinks[..]);
+                for (k, v) in [
+                    (KvSlice::F16(&kh), KvSlice::F16(&vh)),
+                    (KvSlice::F32(&kf), KvSlice::F32(&vf)),
+                ] {
+                    let mut tiled = vec![1.0; n_q * n_head * hd];
+                    let mut per_query = vec![2.0; n_q * n_head * hd];
+                    attend(&q, &q_pos, k, v, &key_pos, &cfg, sinks, &mut tiled, true);
+                    attend(
+                        &q,
+                        &q_pos,
+                        k,
+                        v,
+                        &key_pos,
+                        &cfg,
+                        sinks,
+                        &mut per_query,
+                        false,
+                    );
+                    let differ = tiled
+                        .iter()
+                        .zip(&per_query)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    assert_eq!(
+                        differ, 0,
+                        "{n_head}/{n_kv} heads, window {window:?}, softcap {softcap:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
