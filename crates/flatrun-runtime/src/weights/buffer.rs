@@ -1,5 +1,12 @@
-//! Heap buffers aligned for direct I/O.
+//! Buffers aligned for direct I/O.
+//!
+//! On Unix each buffer is its own anonymous mapping, unmapped when dropped:
+//! the pages go back to the system at once. Buffers of a few MiB taken and
+//! given back by the thousand (the expert cache's) would otherwise stay in
+//! the allocator's heap once it raised its mapping threshold, so a memory
+//! cgroup would count them long after they were freed.
 
+#[cfg(not(unix))]
 use super::source::DIRECT_ALIGN;
 
 /// A zero-initialized heap buffer whose address is [`DIRECT_ALIGN`]-aligned
@@ -18,12 +25,37 @@ unsafe impl Send for AlignedBuffer {}
 unsafe impl Sync for AlignedBuffer {}
 
 impl AlignedBuffer {
+    #[cfg(not(unix))]
     fn layout(len: usize) -> Option<std::alloc::Layout> {
         std::alloc::Layout::from_size_align(len.max(1), DIRECT_ALIGN as usize).ok()
     }
 
     /// A zeroed buffer of `len` bytes, or `None` when it cannot be
     /// allocated. Untouched pages cost nothing until first written.
+    #[cfg(unix)]
+    pub(crate) fn new(len: usize) -> Option<AlignedBuffer> {
+        // SAFETY: a fresh private anonymous mapping of `len.max(1)` bytes; no
+        // existing memory is touched. Its address is page-aligned, so
+        // DIRECT_ALIGN-aligned (4096 divides every page size).
+        let raw = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len.max(1),
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANON,
+                -1,
+                0,
+            )
+        };
+        if raw == libc::MAP_FAILED {
+            return None;
+        }
+        std::ptr::NonNull::new(raw.cast::<u8>()).map(|ptr| AlignedBuffer { ptr, len })
+    }
+
+    /// A zeroed buffer of `len` bytes, or `None` when it cannot be
+    /// allocated. Untouched pages cost nothing until first written.
+    #[cfg(not(unix))]
     pub(crate) fn new(len: usize) -> Option<AlignedBuffer> {
         let layout = Self::layout(len)?;
         // SAFETY: the layout has a non-zero size.
@@ -44,6 +76,14 @@ impl AlignedBuffer {
 }
 
 impl Drop for AlignedBuffer {
+    #[cfg(unix)]
+    fn drop(&mut self) {
+        // SAFETY: `ptr` is the start of this buffer's own mapping of
+        // `len.max(1)` bytes (made in `new`), unmapped only here.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len.max(1)) };
+    }
+
+    #[cfg(not(unix))]
     fn drop(&mut self) {
         if let Some(layout) = Self::layout(self.len) {
             // SAFETY: allocated in `new` with this same layout.
