@@ -21,7 +21,8 @@ use crate::loading::load;
 use crate::progress::{Progress, on_terminal};
 use anyhow::{Result, bail};
 use flatrun_runtime::{
-    ChatMessage, GenerateOptions, Model, Residency, Sequence, Speculation, StepOptions, argmax,
+    ChatMessage, ExpertStats, GenerateOptions, Model, Residency, Sequence, Speculation,
+    StepOptions, argmax,
 };
 use serde::Serialize;
 use std::path::PathBuf;
@@ -61,6 +62,10 @@ pub struct BenchArgs {
     /// Print JSON instead of a markdown table.
     #[arg(long)]
     pub json: bool,
+    /// Mixture-of-experts models: write the routing trace of the timed
+    /// tests (each layer pass's experts, in order) to this JSON file.
+    #[arg(long, value_name = "FILE")]
+    pub expert_trace: Option<PathBuf>,
     #[command(flatten)]
     pub engine: EngineFlags,
     #[command(flatten)]
@@ -101,6 +106,58 @@ pub struct BenchRow {
     /// Speculative decoding's counts over the decode test's repetitions.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeSummary>,
+    /// Routed experts over the test's repetitions (mixture-of-experts models).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertSummary>,
+}
+
+/// What a test's routed experts cost: found in the expert cache (hits) or
+/// read (misses), per token.
+#[derive(Debug, Serialize)]
+pub struct ExpertSummary {
+    pub policy: String,
+    pub cache_budget_bytes: u64,
+    /// Bytes the cache held at the end of the test.
+    pub cache_bytes: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+    /// Bytes of experts read per token of the test.
+    pub bytes_read_per_token: f64,
+    /// Bytes of the routed experts a token uses (hits and misses).
+    pub used_bytes_per_token: u64,
+}
+
+impl ExpertSummary {
+    fn of(model: &Model, stats: ExpertStats, tokens: usize, policy: &str) -> Option<ExpertSummary> {
+        let exec = model.executor();
+        exec.manifest().experts?;
+        let (cache_bytes, cache_budget_bytes) = exec.expert_cache();
+        Some(ExpertSummary {
+            policy: policy.to_string(),
+            cache_budget_bytes,
+            cache_bytes,
+            hits: stats.hits,
+            misses: stats.misses,
+            hit_rate: stats.hit_rate(),
+            bytes_read_per_token: stats.bytes_read as f64 / tokens.max(1) as f64,
+            used_bytes_per_token: exec.manifest().used_expert_bytes_per_token(),
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "experts: {:.1}% hits ({} of {}), {} read per token of {} used, cache {} of {} ({})",
+            100.0 * self.hit_rate,
+            self.hits,
+            self.hits + self.misses,
+            human_bytes(self.bytes_read_per_token as u64),
+            human_bytes(self.used_bytes_per_token),
+            human_bytes(self.cache_bytes),
+            human_bytes(self.cache_budget_bytes),
+            self.policy
+        )
+    }
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -206,6 +263,13 @@ pub fn run(args: BenchArgs) -> Result<()> {
             let mut session = model.session();
             session.step(&prompt[..prompt.len().min(8)])?;
         }
+        if args.expert_trace.is_some() {
+            model.profiler_mut().trace_experts();
+            if let Some(trace) = model.profiler_mut().expert_trace.as_mut() {
+                trace.clear();
+            }
+        }
+        let (mut pp_experts, mut tg_experts) = (ExpertStats::default(), ExpertStats::default());
         for _ in 0..args.repetitions {
             if let Some(spec) = &speculation {
                 let (p, t) = speculative_repetition(model, &prompt, args.n_gen, spec, &bar)?;
@@ -225,6 +289,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             }
             let mut session = model.session();
             // Prefill: the whole prompt in one step.
+            let before = session.model().profiler().experts();
             let started = Instant::now();
             let logits = session.step(&prompt)?;
             let prefill = started.elapsed();
@@ -232,6 +297,8 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if n_prompt > 0 {
                 pp.push(n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
             }
+            let after = session.model().profiler().experts();
+            pp_experts = add(pp_experts, after.since(&before));
             // Decode: one token per step, greedy.
             let mut next = argmax(&logits);
             let started = Instant::now();
@@ -243,6 +310,10 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if args.n_gen > 0 {
                 tg.push(args.n_gen as f64 / started.elapsed().as_secs_f64().max(1e-9));
             }
+            tg_experts = add(
+                tg_experts,
+                session.model().profiler().experts().since(&after),
+            );
         }
         bar.finish();
         let speculative = speculation
@@ -276,14 +347,23 @@ pub fn run(args: BenchArgs) -> Result<()> {
             kv_bytes,
             anon_after_bytes: rss_after.anon,
             speculative: None,
+            experts: None,
         };
+        let policy = args.engine.expert_policy.as_str();
+        let reps = args.repetitions.max(1);
         if n_prompt > 0 {
-            rows.push(row(format!("pp{n_prompt}"), n_prompt, pp));
+            let mut prefill = row(format!("pp{n_prompt}"), n_prompt, pp);
+            prefill.experts = ExpertSummary::of(model, pp_experts, n_prompt * reps, policy);
+            rows.push(prefill);
         }
         if args.n_gen > 0 {
             let mut decode = row(format!("tg{}", args.n_gen), args.n_gen, tg);
             decode.speculative = speculative;
+            decode.experts = ExpertSummary::of(model, tg_experts, args.n_gen * reps, policy);
             rows.push(decode);
+        }
+        if let Some(path) = &args.expert_trace {
+            write_expert_trace(model, path)?;
         }
     }
     if args.json {
@@ -417,8 +497,40 @@ pub fn markdown(rows: &[BenchRow]) -> String {
         if let Some(spec) = &r.speculative {
             s.push_str(&format!("\n{} {}: {}\n", r.residency, r.test, spec.line()));
         }
+        if let Some(experts) = &r.experts {
+            s.push_str(&format!(
+                "\n{} {}: {}\n",
+                r.residency,
+                r.test,
+                experts.line()
+            ));
+        }
     }
     s
+}
+
+fn add(a: ExpertStats, b: ExpertStats) -> ExpertStats {
+    ExpertStats {
+        hits: a.hits + b.hits,
+        misses: a.misses + b.misses,
+        bytes_read: a.bytes_read + b.bytes_read,
+    }
+}
+
+/// The routing trace as JSON: `{"n_layer", "n_expert", "n_used", "trace":
+/// [[layer, expert], ...]}`, each layer pass's experts in order of first use.
+fn write_expert_trace(model: &Model, path: &std::path::Path) -> Result<()> {
+    let exec = model.executor();
+    let counts = exec.manifest().experts;
+    let trace = model.profiler().expert_trace.clone().unwrap_or_default();
+    let json = serde_json::json!({
+        "n_layer": exec.config().n_layer,
+        "n_expert": counts.map_or(0, |c| c.n_expert),
+        "n_used": counts.map_or(0, |c| c.n_used),
+        "trace": trace,
+    });
+    std::fs::write(path, serde_json::to_vec(&json)?)
+        .map_err(|e| anyhow::anyhow!("writing {}: {e}", path.display()))
 }
 
 #[cfg(test)]

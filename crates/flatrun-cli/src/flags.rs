@@ -5,8 +5,8 @@
 
 use anyhow::{Context, Result, bail};
 use flatrun_runtime::{
-    BackendKind, KvType, LayerSelection, LoadOptions, MlxActivations, Model, Prefetch, Residency,
-    SamplingParams, Speculation, StreamReads, WeightsMode,
+    BackendKind, ExpertPolicy, KvType, LayerSelection, LoadOptions, MlxActivations, Model,
+    Prefetch, Residency, SamplingParams, Speculation, StreamReads, WeightsMode,
 };
 use std::path::{Path, PathBuf};
 
@@ -50,6 +50,15 @@ pub struct EngineFlags {
     /// the kept bytes and twice the streamed ones).
     #[arg(long, value_name = "MODE", default_value = "auto")]
     pub stream_reads: String,
+    /// Mixture-of-experts models: which routed experts the expert cache
+    /// keeps when full, `lfu` (used most often) or `lru` (used most recently).
+    #[arg(long, value_name = "POLICY", default_value = "lfu", value_parser = ["lfu", "lru"])]
+    pub expert_policy: String,
+    /// Mixture-of-experts models: bytes of routed experts kept after use
+    /// (e.g. 2G) [default: under a cap, what it leaves after the dense
+    /// weights; in stream mode none].
+    #[arg(long, value_name = "SIZE")]
+    pub expert_cache: Option<String>,
     /// KV cache element type of keys and values: f16, f32, q8_0 or q4_0
     /// (quantized blocks of 32, read directly by attention).
     #[arg(long, default_value = "f16", value_parser = KV_TYPES)]
@@ -243,6 +252,17 @@ impl EngineFlags {
             .stream_reads
             .parse()
             .map_err(|e| anyhow::anyhow!("--stream-reads: {e}"))?;
+        let expert_policy: ExpertPolicy = self
+            .expert_policy
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--expert-policy: {e}"))?;
+        let expert_cache_bytes = match &self.expert_cache {
+            Some(size) => Some(
+                flatrun_runtime::parse_size(size)
+                    .map_err(|e| anyhow::anyhow!("--expert-cache: {e}"))?,
+            ),
+            None => None,
+        };
         let residency = match self.residency.last() {
             Some(text) => parse_residency(text)?,
             None => Residency::Resident,
@@ -275,6 +295,8 @@ impl EngineFlags {
             weights,
             layers,
             stream_reads,
+            expert_policy,
+            expert_cache_bytes,
             ..LoadOptions::default()
         };
         if self.residency.is_empty() && model.exists() {

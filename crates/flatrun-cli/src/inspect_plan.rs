@@ -37,6 +37,26 @@ pub struct MemoryPlan {
     pub default_residency: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub layer: Option<LayerDetail>,
+    /// The routed experts of a mixture-of-experts model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertPlan>,
+}
+
+/// How a mixture-of-experts model's routed experts weigh: what every layer
+/// holds, and what one token reads of them.
+#[derive(Debug, Serialize)]
+pub struct ExpertPlan {
+    pub n_expert: usize,
+    pub n_used: usize,
+    /// Bytes of all routed experts (every layer).
+    pub expert_bytes: u64,
+    /// Bytes of one expert (all its projections) in the largest layer.
+    pub one_expert_bytes: u64,
+    /// Bytes of everything else of the layers: attention, norms, routers,
+    /// shared experts.
+    pub dense_layer_bytes: u64,
+    /// Bytes of the experts one token uses (read when none is cached).
+    pub used_bytes_per_token: u64,
 }
 
 /// The estimated peak of one residency mode.
@@ -46,6 +66,12 @@ pub struct ModePeak {
     pub resident_weight_bytes: u64,
     pub streamed_bytes_per_token: u64,
     pub peak_bytes: u64,
+    /// Bytes of routed experts kept after use (mixture-of-experts models
+    /// under a cap; part of `resident_weight_bytes`).
+    pub expert_cache_bytes: u64,
+    /// Bytes of routed experts a token reads on average if its experts
+    /// were spread evenly (a cache holding a share of them hits that share).
+    pub expert_bytes_per_token: u64,
 }
 
 /// One layer's tensors (`--layer N`).
@@ -140,6 +166,7 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
         .iter()
         .sum();
     let headroom = flatrun_runtime::memory_headroom();
+    let expert_total: u64 = manifest.layers.iter().map(|l| l.expert_bytes()).sum();
     let mode = |policy: Residency| {
         let p = ResidencyPlan::new(policy, manifest);
         let planned = flatrun_runtime::MemoryPlan::new(
@@ -151,13 +178,35 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
             },
             None,
         );
+        let used = manifest.used_expert_bytes_per_token();
+        let kept_experts = if p.split_experts || p.resident.iter().any(|&r| !r) {
+            p.expert_cache_bytes
+        } else {
+            expert_total
+        };
+        let share = kept_experts.min(expert_total) as f64 / expert_total.max(1) as f64;
         ModePeak {
             residency: residency_name(policy),
             resident_weight_bytes: p.resident_bytes,
             streamed_bytes_per_token: p.streamed_bytes_per_token,
             peak_bytes: planned.peak_bytes,
+            expert_cache_bytes: p.expert_cache_bytes,
+            expert_bytes_per_token: (used as f64 * (1.0 - share)) as u64,
         }
     };
+    let experts = manifest.experts.map(|c| ExpertPlan {
+        n_expert: c.n_expert,
+        n_used: c.n_used,
+        expert_bytes: expert_total,
+        one_expert_bytes: manifest
+            .layers
+            .iter()
+            .map(|l| l.expert_bytes() / c.n_expert.max(1) as u64)
+            .max()
+            .unwrap_or(0),
+        dense_layer_bytes: manifest.layers.iter().map(|l| l.dense_bytes()).sum(),
+        used_bytes_per_token: manifest.used_expert_bytes_per_token(),
+    });
     let half = (total / 2).max(largest);
     MemoryPlan {
         embedding_bytes: embedding,
@@ -178,6 +227,7 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
             cfg, manifest, &opts, headroom,
         )),
         layer,
+        experts,
     }
 }
 
@@ -218,13 +268,25 @@ pub fn render_text(plan: &MemoryPlan) -> String {
         "  total weights {}",
         human_bytes(plan.total_weight_bytes)
     );
+    if let Some(e) = &plan.experts {
+        let _ = writeln!(
+            s,
+            "  experts       {} per layer, {} used per token: {} in all ({} each), dense parts {}; a token uses {}",
+            e.n_expert,
+            e.n_used,
+            human_bytes(e.expert_bytes),
+            human_bytes(e.one_expert_bytes),
+            human_bytes(e.dense_layer_bytes),
+            human_bytes(e.used_bytes_per_token)
+        );
+    }
     let _ = writeln!(
         s,
         "  {:<16} {:>12} {:>16} {:>12}",
         "residency", "resident", "streamed/token", "peak"
     );
     for m in &plan.modes {
-        let _ = writeln!(
+        let _ = write!(
             s,
             "  {:<16} {:>12} {:>16} {:>12}",
             m.residency,
@@ -232,6 +294,15 @@ pub fn render_text(plan: &MemoryPlan) -> String {
             human_bytes(m.streamed_bytes_per_token),
             human_bytes(m.peak_bytes)
         );
+        if plan.experts.is_some() && m.streamed_bytes_per_token > 0 {
+            let _ = write!(
+                s,
+                "   expert cache {}, experts read/token ≈{} (spread evenly)",
+                human_bytes(m.expert_cache_bytes),
+                human_bytes(m.expert_bytes_per_token)
+            );
+        }
+        s.push('\n');
     }
     let _ = writeln!(
         s,

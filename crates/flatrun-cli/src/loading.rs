@@ -107,6 +107,25 @@ pub fn header(loaded: &Loaded) -> String {
             "\nreads:     streamed layers with O_DIRECT, around the page cache (--stream-reads)"
         });
     }
+    if let Some(c) = exec.manifest().experts {
+        let (_, budget) = exec.expert_cache();
+        let kept_whole = !plan.split_experts && plan.resident.iter().all(|&r| r);
+        extra.push_str(&if kept_whole {
+            format!(
+                "\nexperts:   top-{} of {} per layer, all kept",
+                c.n_used, c.n_expert
+            )
+        } else {
+            format!(
+                "\nexperts:   top-{} of {} per layer, read once routed ({} per token uncached); expert cache {} ({}; --expert-cache, --expert-policy)",
+                c.n_used,
+                c.n_expert,
+                human_bytes(exec.manifest().used_expert_bytes_per_token()),
+                human_bytes(budget),
+                loaded.options.expert_policy
+            )
+        });
+    }
     extra.push('\n');
     extra.push_str(&model.memory_plan().summary());
     if let Some(layers) = &loaded.options.layers {

@@ -12,7 +12,7 @@ pub use arch::{Architecture, Role, architecture};
 pub use checkpoint::Checkpoint;
 pub use config::{Arch, ModelConfig};
 pub use error::ModelError;
-pub use manifest::Manifest;
+pub use manifest::{ExpertCounts, Manifest};
 pub use pooling::Pooling;
 
 pub mod chat_template;

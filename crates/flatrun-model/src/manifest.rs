@@ -25,6 +25,11 @@ impl TensorEntry {
     pub fn role(&self) -> Option<Role> {
         parse_layer_tensor(&self.name).map(|(_, role)| role)
     }
+
+    /// Whether it holds routed experts' matrices (stacked, or one expert's).
+    pub fn is_experts(&self) -> bool {
+        self.role().is_some_and(Role::is_experts)
+    }
 }
 
 /// The tensors of one decoder layer.
@@ -34,6 +39,23 @@ pub struct LayerEntry {
     pub tensors: Vec<TensorEntry>,
     /// Sum of the tensors' bytes.
     pub bytes: u64,
+}
+
+impl LayerEntry {
+    /// Bytes of its routed experts' matrices (0 in a dense layer).
+    pub fn expert_bytes(&self) -> u64 {
+        self.tensors
+            .iter()
+            .filter(|t| t.is_experts())
+            .map(|t| t.bytes)
+            .sum()
+    }
+
+    /// Bytes of everything else: attention, norms, the router, shared
+    /// experts (all of a dense layer).
+    pub fn dense_bytes(&self) -> u64 {
+        self.bytes - self.expert_bytes()
+    }
 }
 
 /// Every tensor the forward pass reads, grouped by when it reads them.
@@ -51,6 +73,25 @@ pub struct Manifest {
     pub output_tied: bool,
     /// Optional RoPE frequency factors (Llama 3 GGUF).
     pub rope_freqs: Option<TensorEntry>,
+    /// The routed experts of a mixture-of-experts model's layers.
+    pub experts: Option<ExpertCounts>,
+}
+
+/// How many routed experts a mixture-of-experts layer has and how many of
+/// them one token uses: what the share of a layer's expert bytes a token
+/// reads follows from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpertCounts {
+    pub n_expert: usize,
+    pub n_used: usize,
+}
+
+impl ExpertCounts {
+    /// Bytes of `expert_bytes` (all of a layer's routed experts) that one
+    /// token reads: its `n_used` experts.
+    pub fn used_bytes(&self, expert_bytes: u64) -> u64 {
+        expert_bytes * self.n_used.min(self.n_expert) as u64 / self.n_expert.max(1) as u64
+    }
 }
 
 /// Canonical name of a per-layer tensor: `layers.{i}.{role}`.
@@ -118,6 +159,10 @@ impl Manifest {
             output,
             output_tied,
             rope_freqs: entry("rope_freqs"),
+            experts: cfg.moe.as_ref().map(|m| ExpertCounts {
+                n_expert: m.n_expert,
+                n_used: m.n_expert_used,
+            }),
         })
     }
 
@@ -129,6 +174,27 @@ impl Manifest {
     /// Bytes of the largest decoder layer.
     pub fn largest_layer_bytes(&self) -> u64 {
         self.layers.iter().map(|l| l.bytes).max().unwrap_or(0)
+    }
+
+    /// Bytes of the largest decoder layer without its routed experts: what
+    /// streaming a layer whole reads, experts being read only once routed.
+    pub fn largest_dense_layer_bytes(&self) -> u64 {
+        self.layers
+            .iter()
+            .map(LayerEntry::dense_bytes)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Bytes of the routed experts one token reads across all layers (none
+    /// held by a cache).
+    pub fn used_expert_bytes_per_token(&self) -> u64 {
+        self.experts.map_or(0, |c| {
+            self.layers
+                .iter()
+                .map(|l| c.used_bytes(l.expert_bytes()))
+                .sum()
+        })
     }
 
     /// Bytes of every tensor the forward pass reads (the tied head counted once).

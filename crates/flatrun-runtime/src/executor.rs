@@ -20,6 +20,7 @@ use crate::options::{LoadOptions, Prefetch, Residency, StreamReads};
 use crate::profiler::Profiler;
 use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
+use crate::weights::experts::ExpertCache;
 use crate::weights::kernels::{ChunkedKernels, scatter};
 use crate::weights::plan::{Granularity, PlanInput, file_bounds, rows_from};
 use crate::weights::{CachePolicy, LayerLayout, Lease, WeightEngine, WeightPlan};
@@ -201,6 +202,8 @@ pub struct StreamingExecutor {
     weights: WeightPlan,
     /// Every byte of weights comes through it.
     engine: WeightEngine,
+    /// Routed experts kept after use (mixture-of-experts models).
+    expert_cache: ExpertCache,
     /// Unless everything is kept: per backend file, the page-aligned span of
     /// its tensors in the mapping (where pages may be released in blocks).
     mapped_bounds: Vec<Range<usize>>,
@@ -338,7 +341,8 @@ impl StreamingExecutor {
             &manifest,
             read_depth.max(1),
             capped_chunk as u64,
-        );
+        )
+        .with_expert_cache(&manifest, opts.expert_cache_bytes);
         let selection = match &opts.layers {
             Some(selection) => {
                 selection.check(cfg.n_layer)?;
@@ -372,6 +376,7 @@ impl StreamingExecutor {
             manifest: &manifest,
             skipped: &|il| !selection.runs(il) || dense.layer(il).is_some(),
             kept: &|il| residency.is_resident(il),
+            split_experts: residency.split_experts,
             is_matrix: &|info| {
                 matrix_names
                     .get(info_layer(info))
@@ -419,6 +424,7 @@ impl StreamingExecutor {
             },
         };
         let max_batch = opts.max_batch.max(1);
+        let expert_cache = ExpertCache::new(residency.expert_cache_bytes, opts.expert_policy);
         Ok(StreamingExecutor {
             scratch: LayerScratch::new(&cfg, 1),
             profiler: Profiler::new(cfg.n_layer, opts.profile, opts.trace_memory),
@@ -432,6 +438,7 @@ impl StreamingExecutor {
             residency,
             weights,
             engine,
+            expert_cache,
             mapped_bounds,
             matrix_names,
             buffers: StepBuffers::default(),
@@ -454,6 +461,11 @@ impl StreamingExecutor {
     /// The residency plan in force.
     pub fn residency(&self) -> &ResidencyPlan {
         &self.residency
+    }
+    /// Bytes of routed experts the expert cache holds now, and its budget
+    /// (mixture-of-experts models; both 0 otherwise).
+    pub fn expert_cache(&self) -> (u64, u64) {
+        (self.expert_cache.bytes(), self.expert_cache.budget())
     }
     /// How streamed weights are read: `Some(true)` through the page cache,
     /// `Some(false)` around it (`O_DIRECT`), `None` when nothing is
@@ -710,11 +722,11 @@ impl StreamingExecutor {
                 what: what.0,
             };
             let (whole, vector_lease) = match layout {
-                LayerLayout::Kept(k) => {
-                    self.engine.warm(*k);
+                LayerLayout::Kept { item, .. } => {
+                    self.engine.warm(*item);
                     (None, None)
                 }
-                LayerLayout::Whole(item) => {
+                LayerLayout::Whole { item, .. } => {
                     (Some(self.engine.acquire(*item).map_err(fetch_error)?), None)
                 }
                 LayerLayout::Chunked { vectors, .. } => (
@@ -725,11 +737,13 @@ impl StreamingExecutor {
             };
             let mut handles = Vec::with_capacity(self.matrix_names[il].len());
             if dense.is_none() {
-                for (_, name) in &self.matrix_names[il] {
+                for (role, name) in &self.matrix_names[il] {
                     let h = open(backend.as_ref(), name)?;
+                    // Routed experts stay views of the mapping, read once
+                    // routed.
                     handles.push(match &whole {
-                        Some(lease) => leased(backend.as_ref(), &h, lease)?,
-                        None => h,
+                        Some(lease) if !role.is_experts() => leased(backend.as_ref(), &h, lease)?,
+                        _ => h,
                     });
                 }
             }
@@ -797,18 +811,28 @@ impl StreamingExecutor {
                 }
             }
             // A chunked layer's matmuls acquire, use and release one chunk
-            // of rows at a time.
-            let chunked = match layout {
+            // of rows at a time; routed experts are found or read once
+            // routed.
+            let (chunks, routed): (&[_], &[_]) = match layout {
                 LayerLayout::Chunked {
                     matrices, experts, ..
-                } if dense.is_none() => Some(ChunkedKernels::new(
-                    self.kernels.as_ref(),
-                    &self.engine,
-                    matrices,
-                    experts,
-                )),
-                _ => None,
+                } => (matrices, experts),
+                LayerLayout::Kept { experts, .. } | LayerLayout::Whole { experts, .. } => {
+                    (&[], experts)
+                }
+                LayerLayout::Skipped => (&[], &[]),
             };
+            let chunked =
+                (dense.is_none() && !(chunks.is_empty() && routed.is_empty())).then(|| {
+                    ChunkedKernels::new(
+                        self.kernels.as_ref(),
+                        &self.engine,
+                        chunks,
+                        routed,
+                        il,
+                        &self.expert_cache,
+                    )
+                });
             let kernels: &dyn Kernels = match &chunked {
                 Some(k) => k,
                 None => self.kernels.as_ref(),
@@ -833,7 +857,10 @@ impl StreamingExecutor {
             if let Some(k) = &chunked {
                 // The matmuls' waits for their chunks are this layer's I/O wait.
                 self.profiler.record_io_wait(il, k.io_wait());
-                self.profiler.record_expert_bytes(il, k.expert_bytes());
+                let used = k.experts_used();
+                self.profiler.record_expert_bytes(il, used.bytes_read);
+                self.profiler
+                    .record_experts(il, used.hits, used.misses, &used.used);
             }
             // Release: a streamed layer's buffers go back for the next reads.
             drop(experts);

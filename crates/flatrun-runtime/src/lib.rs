@@ -52,15 +52,15 @@ pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{MemoryPlanner, Model, Session, default_residency};
 pub use options::{
-    BackendKind, ContextOverflow, KvType, LoadOptions, MlxActivations, Prefetch, Residency,
-    StreamReads,
+    BackendKind, ContextOverflow, ExpertPolicy, KvType, LoadOptions, MlxActivations, Prefetch,
+    Residency, StreamReads,
 };
 pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
 pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache};
 pub use layer_range::LayerSelection;
-pub use profiler::{LayerTimes, MemorySample, Profiler};
+pub use profiler::{ExpertStats, LayerTimes, MemorySample, Profiler};
 pub use residency::{FALLBACK_CONTEXT, MemoryPlan, ResidencyPlan, context_size};
 pub use weights_override::WeightsMode;
 

@@ -218,6 +218,41 @@ impl FromStr for StreamReads {
     }
 }
 
+/// Which routed experts the expert cache gives up first when it is full
+/// (see [`crate::ResidencyPlan::expert_cache_bytes`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExpertPolicy {
+    /// The least recently used expert.
+    Lru,
+    /// The expert used least often since load (ties: least recently); a
+    /// read expert used less often than every cached one is not cached.
+    #[default]
+    Lfu,
+}
+
+impl std::fmt::Display for ExpertPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ExpertPolicy::Lru => "lru",
+            ExpertPolicy::Lfu => "lfu",
+        })
+    }
+}
+
+impl FromStr for ExpertPolicy {
+    type Err = RuntimeError;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "lru" => Ok(ExpertPolicy::Lru),
+            "lfu" => Ok(ExpertPolicy::Lfu),
+            other => Err(RuntimeError::Option {
+                option: "expert-policy",
+                what: format!("`{other}` (expected lru or lfu)"),
+            }),
+        }
+    }
+}
+
 /// How the weight engine reads ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Prefetch {
@@ -283,6 +318,11 @@ pub struct LoadOptions {
     pub stream_chunk_bytes: usize,
     /// Whether streamed weights are read through the page cache or around it.
     pub stream_reads: StreamReads,
+    /// Which experts a mixture-of-experts model's expert cache keeps.
+    pub expert_policy: ExpertPolicy,
+    /// Bytes of the expert cache (`None`: what a cap leaves after the dense
+    /// weights; nothing in stream mode).
+    pub expert_cache_bytes: Option<u64>,
 }
 
 impl LoadOptions {
@@ -311,6 +351,8 @@ impl Default for LoadOptions {
             layers: None,
             stream_chunk_bytes: DEFAULT_CHUNK_BYTES,
             stream_reads: StreamReads::Auto,
+            expert_policy: ExpertPolicy::default(),
+            expert_cache_bytes: None,
         }
     }
 }

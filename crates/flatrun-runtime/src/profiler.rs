@@ -35,6 +35,41 @@ pub struct LayerTimes {
     /// Bytes of routed experts' rows read on demand for this layer
     /// (streamed mixture-of-experts layers).
     pub expert_bytes_read: u64,
+    /// Routed experts this layer found in the expert cache.
+    pub expert_hits: u64,
+    /// Routed experts this layer read from storage.
+    pub expert_misses: u64,
+}
+
+/// What the routed experts of a streamed mixture-of-experts model cost:
+/// each layer pass needs each expert its tokens chose once, found in the
+/// expert cache (a hit) or read (a miss, its bytes read).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ExpertStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub bytes_read: u64,
+}
+
+impl ExpertStats {
+    /// Share of the experts needed that the cache held (0 when none were needed).
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// What was counted between `before` and `self`.
+    pub fn since(&self, before: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            hits: self.hits.saturating_sub(before.hits),
+            misses: self.misses.saturating_sub(before.misses),
+            bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
+        }
+    }
 }
 
 /// RSS after one layer step.
@@ -65,6 +100,10 @@ pub struct Profiler {
     pub peak_rss: RssSample,
     /// Proposals, acceptances and passes of speculative decoding.
     pub speculative: SpeculativeStats,
+    /// When enabled ([`Profiler::trace_experts`]): every (layer, expert)
+    /// a layer pass needed, in order, the routing trace that expert-cache
+    /// policies are compared on.
+    pub expert_trace: Option<Vec<(u16, u16)>>,
 }
 
 impl Profiler {
@@ -83,7 +122,13 @@ impl Profiler {
             memory: Vec::new(),
             peak_rss: RssSample::default(),
             speculative: SpeculativeStats::default(),
+            expert_trace: None,
         }
+    }
+
+    /// Start recording the routing trace ([`Profiler::expert_trace`]).
+    pub fn trace_experts(&mut self) {
+        self.expert_trace.get_or_insert_with(Vec::new);
     }
 
     /// Whether per-op timings are recorded.
@@ -93,7 +138,11 @@ impl Profiler {
 
     /// Forget everything measured so far.
     pub fn reset(&mut self) {
+        let tracing = self.expert_trace.is_some();
         *self = Profiler::new(self.layers.len(), self.enabled, self.trace_memory);
+        if tracing {
+            self.trace_experts();
+        }
     }
 
     fn push_event(&mut self, name: &'static str, track: String, end: Instant, elapsed: Duration) {
@@ -140,6 +189,32 @@ impl Profiler {
         if let Some(l) = self.layers.get_mut(layer) {
             l.expert_bytes_read += bytes;
         }
+    }
+
+    /// The routed experts layer `layer` needed in one pass: `hits` from the
+    /// expert cache, `misses` read, in the order `used` lists them (counted
+    /// even when timings are off).
+    pub fn record_experts(&mut self, layer: usize, hits: u64, misses: u64, used: &[u16]) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.expert_hits += hits;
+            l.expert_misses += misses;
+        }
+        if let Some(trace) = self.expert_trace.as_mut()
+            && trace.len() < MAX_EVENTS * 4
+        {
+            trace.extend(used.iter().map(|&e| (layer as u16, e)));
+        }
+    }
+
+    /// Routed experts' hits, misses and bytes read, over every layer.
+    pub fn experts(&self) -> ExpertStats {
+        self.layers
+            .iter()
+            .fold(ExpertStats::default(), |s, l| ExpertStats {
+                hits: s.hits + l.expert_hits,
+                misses: s.misses + l.expert_misses,
+                bytes_read: s.bytes_read + l.expert_bytes_read,
+            })
     }
 
     /// Time of work outside the layers (`embed`, `head`, `head_io_wait`, `sampling`).
@@ -240,6 +315,19 @@ impl Profiler {
                 spec.tokens_per_pass(),
                 spec.passes,
                 spec.propose_time.as_secs_f64()
+            );
+        }
+        let experts = self.experts();
+        if experts.hits + experts.misses > 0 {
+            let tokens = (self.prefill_tokens + self.decode_tokens).max(1);
+            let _ = writeln!(
+                s,
+                "routed experts: {} hits, {} misses ({:.1}% hits), {:.1} MB read ({:.2} MB per token)",
+                experts.hits,
+                experts.misses,
+                100.0 * experts.hit_rate(),
+                mb(experts.bytes_read),
+                mb(experts.bytes_read) / tokens as f64
             );
         }
         let total = (self.prefill_time + self.decode_time)

@@ -8,9 +8,17 @@ use crate::options::{KvType, LoadOptions, Prefetch, Residency};
 use flatrun_model::{Manifest, ModelConfig};
 
 /// Per-layer (and output-head) decision: keep resident or stream.
+///
+/// In a mixture-of-experts model a streamed layer's routed experts are
+/// never read with the rest of it: a token reads only the experts its
+/// router chose, once chosen. Under a cap that cannot hold the whole model
+/// the kept layers keep only their dense part (attention, norms, router,
+/// shared experts) and what the cap leaves after the dense parts and the
+/// head goes to a cache of routed experts ([`ResidencyPlan::expert_cache_bytes`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ResidencyPlan {
-    /// `resident[i]`: layer `i` keeps its pages between tokens.
+    /// `resident[i]`: layer `i` keeps its pages between tokens (only its
+    /// dense part when [`ResidencyPlan::split_experts`]).
     pub resident: Vec<bool>,
     /// The output head keeps its pages between tokens.
     pub output_resident: bool,
@@ -19,9 +27,17 @@ pub struct ResidencyPlan {
     /// after the whole items it keeps is not wasted; the rest of the head is
     /// streamed. 0 when the head is kept whole or not at all.
     pub output_kept_bytes: u64,
-    /// Bytes kept resident by this plan.
+    /// Kept layers keep only their dense part; the routed experts of every
+    /// layer are read once routed, through the expert cache.
+    pub split_experts: bool,
+    /// Bytes of routed experts the expert cache may hold (0: none held
+    /// beyond the layer that uses them).
+    pub expert_cache_bytes: u64,
+    /// Bytes kept resident by this plan (the expert cache included).
     pub resident_bytes: u64,
-    /// Bytes streamed (re-read or re-faulted) per token.
+    /// Bytes streamed (re-read or re-faulted) per token; a
+    /// mixture-of-experts layer counts the experts one token uses, as if
+    /// none were cached.
     pub streamed_bytes_per_token: u64,
 }
 
@@ -33,29 +49,54 @@ impl ResidencyPlan {
     /// kept: keeping the largest items first (greedy by size) minimizes
     /// streamed bytes for items of (nearly) equal size, which decoder layers
     /// are. What is left of the cap after that goes to the first rows of a
-    /// head that did not fit whole ([`ResidencyPlan::output_kept_bytes`]).
+    /// head that did not fit whole ([`ResidencyPlan::output_kept_bytes`]),
+    /// or in a mixture-of-experts model to the expert cache. A
+    /// mixture-of-experts model that does not fit whole first sets aside
+    /// what one layer's routed experts take while they run.
     pub fn new(policy: Residency, manifest: &Manifest) -> ResidencyPlan {
         let n = manifest.layers.len();
+        let moe = manifest.experts;
         let total: u64 =
             manifest.layers.iter().map(|l| l.bytes).sum::<u64>() + manifest.output.bytes;
-        let (resident, output_resident, output_kept_bytes) = match policy {
-            Residency::Resident => (vec![true; n], true, 0),
-            Residency::Stream => (vec![false; n], false, 0),
+        let fits_whole = |cap: u64| total <= cap;
+        let split = moe.is_some() && matches!(policy, Residency::Cap(cap) if !fits_whole(cap));
+        // What keeping layer `l` holds, and what streaming it reads per token.
+        let kept_bytes = |l: &flatrun_model::manifest::LayerEntry| {
+            if split { l.dense_bytes() } else { l.bytes }
+        };
+        let streamed_bytes = |l: &flatrun_model::manifest::LayerEntry| match moe {
+            Some(c) => l.dense_bytes() + c.used_bytes(l.expert_bytes()),
+            None => l.bytes,
+        };
+        let (resident, output_resident, output_kept_bytes, expert_cache_bytes) = match policy {
+            Residency::Resident => (vec![true; n], true, 0, 0),
+            Residency::Stream => (vec![false; n], false, 0, 0),
             Residency::Custom(choose) => {
                 let mut resident = choose(manifest);
                 resident.resize(n, false);
-                (resident, false, 0)
+                (resident, false, 0, 0)
             }
+            Residency::Cap(cap) if moe.is_some() && fits_whole(cap) => (vec![true; n], true, 0, 0),
             Residency::Cap(cap) => {
+                // The running layer's routed experts, held while it runs.
+                let working = match moe {
+                    Some(c) => manifest
+                        .layers
+                        .iter()
+                        .map(|l| c.used_bytes(l.expert_bytes()))
+                        .max()
+                        .unwrap_or(0),
+                    None => 0,
+                };
                 // Candidates: (bytes, Some(layer)) or (bytes, None) for the head.
                 let mut items: Vec<(u64, Option<usize>)> = manifest
                     .layers
                     .iter()
-                    .map(|l| (l.bytes, Some(l.index)))
+                    .map(|l| (kept_bytes(l), Some(l.index)))
                     .chain(std::iter::once((manifest.output.bytes, None)))
                     .collect();
                 items.sort_by_key(|&(bytes, _)| std::cmp::Reverse(bytes));
-                let mut left = cap;
+                let mut left = cap.saturating_sub(working);
                 let mut resident = vec![false; n];
                 let mut head = false;
                 for (bytes, which) in items {
@@ -67,29 +108,66 @@ impl ResidencyPlan {
                         }
                     }
                 }
-                // The rest of the cap: the head's first rows.
-                let partial = if head { 0 } else { left };
-                (resident, head, partial)
+                // The rest of the cap: the expert cache, else the head's
+                // first rows.
+                match (split, head) {
+                    (true, _) => (resident, head, 0, left),
+                    (false, true) => (resident, head, 0, 0),
+                    (false, false) => (resident, head, left, 0),
+                }
             }
         };
         let kept: u64 = manifest
             .layers
             .iter()
             .filter(|l| resident[l.index])
-            .map(|l| l.bytes)
+            .map(kept_bytes)
             .sum::<u64>()
             + if output_resident {
                 manifest.output.bytes
             } else {
                 output_kept_bytes
             };
+        let streamed: u64 = manifest
+            .layers
+            .iter()
+            .map(|l| match (resident[l.index], split, moe) {
+                (true, false, _) => 0,
+                (true, true, Some(c)) => c.used_bytes(l.expert_bytes()),
+                (true, true, None) => 0,
+                (false, ..) => streamed_bytes(l),
+            })
+            .sum::<u64>()
+            + if output_resident {
+                0
+            } else {
+                manifest.output.bytes - output_kept_bytes
+            };
         ResidencyPlan {
             resident,
             output_resident,
             output_kept_bytes,
-            resident_bytes: kept,
-            streamed_bytes_per_token: total - kept,
+            split_experts: split,
+            expert_cache_bytes,
+            resident_bytes: kept + expert_cache_bytes,
+            streamed_bytes_per_token: streamed,
         }
+    }
+
+    /// The plan with an expert cache of `bytes` in place of the one it
+    /// planned (a mixture-of-experts model given a cache explicitly); a
+    /// model without routed experts, or with all of them kept, has none.
+    pub fn with_expert_cache(mut self, manifest: &Manifest, bytes: Option<u64>) -> ResidencyPlan {
+        let Some(bytes) = bytes else { return self };
+        let all_kept = !self.split_experts && self.resident.iter().all(|&r| r);
+        let bytes = if manifest.experts.is_none() || all_kept {
+            0
+        } else {
+            bytes
+        };
+        self.resident_bytes = self.resident_bytes - self.expert_cache_bytes + bytes;
+        self.expert_cache_bytes = bytes;
+        self
     }
 
     /// Plan `policy` like [`ResidencyPlan::new`], where a `Cap` also pays
@@ -104,7 +182,7 @@ impl ResidencyPlan {
     ) -> ResidencyPlan {
         let policy = match policy {
             Residency::Cap(cap) => {
-                let largest = manifest.largest_layer_bytes().max(chunk_bytes);
+                let largest = manifest.largest_dense_layer_bytes().max(chunk_bytes);
                 let reserve = largest.saturating_mul(depth.max(1) as u64 + 1);
                 Residency::Cap(cap.saturating_sub(reserve))
             }
@@ -230,25 +308,38 @@ impl MemoryPlan {
             kv_bytes
         };
         let depth = read_depth(opts).max(1) as u64;
-        let largest = manifest.largest_layer_bytes();
+        let largest = manifest.largest_dense_layer_bytes();
         let weights = ResidencyPlan::with_stream_buffers(
             opts.residency,
             manifest,
             depth as usize,
             largest.min(4 << 20),
-        );
+        )
+        .with_expert_cache(manifest, opts.expert_cache_bytes);
+        let all_kept = weights.resident.iter().all(|&r| r);
         let stream_buffer_bytes = match opts.residency {
             Residency::Resident => 0,
             // Row chunks in flight, and one chunk of the head.
             Residency::Stream => (depth + 2) * opts.stream_chunk_bytes as u64,
             Residency::Cap(_) | Residency::Custom(_) => {
-                if weights.resident.iter().all(|&r| r) {
+                if all_kept {
                     0
                 } else {
                     (depth + 1) * largest
                 }
             }
         };
+        // The running layer's routed experts, read once routed.
+        let experts_in_flight = match manifest.experts {
+            Some(c) if weights.split_experts || !all_kept => manifest
+                .layers
+                .iter()
+                .map(|l| c.used_bytes(l.expert_bytes()))
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        };
+        let stream_buffer_bytes = stream_buffer_bytes + experts_in_flight;
         let work_bytes = work_bytes(cfg, opts.max_batch.max(1), manifest.vocab_size());
         let peak_bytes =
             weights.resident_bytes + stream_buffer_bytes + kv_in_memory_bytes + work_bytes;
@@ -300,7 +391,7 @@ impl MemoryPlan {
             return Residency::Resident;
         }
         let cap = (headroom as f64 * CAP_SHARE) as u64;
-        let in_flight = (read_depth(opts).max(1) as u64 + 1) * manifest.largest_layer_bytes();
+        let in_flight = (read_depth(opts).max(1) as u64 + 1) * manifest.largest_dense_layer_bytes();
         if cap <= in_flight {
             Residency::Stream
         } else {

@@ -74,6 +74,7 @@ fn manifest(layer_bytes: &[u64], head: u64) -> Manifest {
         output: entry("output", head),
         output_tied: false,
         rope_freqs: None,
+        experts: None,
     }
 }
 

@@ -193,3 +193,150 @@ fn streamed_decode_reads_only_the_routed_experts() {
         "a decode step reads exactly the routed experts' rows"
     );
 }
+
+/// Logits of the first fixture prompt in one step, then of `decode` tokens
+/// one step each (the decode path's fused experts).
+fn prompt_and_decode(model: &mut Model, tokens: &[u32], decode: usize) -> Vec<Vec<f32>> {
+    let (prompt, rest) = tokens.split_at(tokens.len() - decode);
+    let mut session = model.session();
+    let mut out = vec![
+        session
+            .step_with(
+                prompt,
+                flatrun_runtime::StepOptions {
+                    all_logits: true,
+                    ..Default::default()
+                },
+            )
+            .expect("prefill")
+            .all_logits
+            .expect("all logits"),
+    ];
+    for &t in rest {
+        out.push(session.step(&[t]).expect("decode step"));
+    }
+    out
+}
+
+/// Under a cap that cannot hold the model, a mixture-of-experts layer keeps
+/// its dense part and reads each routed expert once routed, through the
+/// expert cache: the logits are the resident ones bit for bit (prefill and
+/// decode, either policy), every expert a pass needs is counted once as a
+/// hit or a miss, and under LFU the second run of a prompt finds experts
+/// cached.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn capped_experts_come_through_the_cache_bit_for_bit() {
+    use flatrun_runtime::ExpertPolicy;
+    for file in [
+        "qwen3moe-synth-q8_0.gguf",
+        "mixtral-synth-f16.gguf",
+        "qwen2moe-synth-q8_0.gguf",
+        "qwen35moe-synth-q8_0.gguf",
+    ] {
+        let Some((mut resident, fixture)) = setup(file, BackendKind::Native, Residency::Resident)
+        else {
+            return;
+        };
+        let tokens = &fixture.teacher_forced[0].tokens;
+        let want = prompt_and_decode(&mut resident, tokens, 4);
+        let manifest = resident.executor().manifest().clone();
+        let experts: u64 = manifest.layers.iter().map(|l| l.expert_bytes()).sum();
+        let dense: u64 = manifest.layers.iter().map(|l| l.dense_bytes()).sum();
+        // Room for the dense parts, the head and about half the experts,
+        // besides the read buffers a cap pays for (two of the largest
+        // streamed item: a dense layer, or a head chunk of 1-4 MiB).
+        let chunk = manifest.largest_layer_bytes().clamp(1 << 20, 4 << 20);
+        let buffers = 2 * manifest.largest_dense_layer_bytes().max(chunk);
+        let cap = dense + manifest.output.bytes + experts / 2 + buffers;
+        for policy in [ExpertPolicy::Lru, ExpertPolicy::Lfu] {
+            let path =
+                common::synthetic::synthetic_model(file, &fixtures(), "gen_synthetic_moe.py")
+                    .expect("generated above");
+            let mut model = Model::load(
+                &path,
+                LoadOptions {
+                    residency: Residency::Cap(cap),
+                    expert_policy: policy,
+                    ..LoadOptions::default()
+                },
+            )
+            .expect("load capped");
+            let plan = model.executor().residency().clone();
+            assert!(plan.split_experts, "{file}: the cap splits the experts off");
+            assert!(
+                plan.expert_cache_bytes > 0 && plan.expert_cache_bytes < experts,
+                "{file}: an expert cache of part of the experts ({} of {experts})",
+                plan.expert_cache_bytes
+            );
+            let got = prompt_and_decode(&mut model, tokens, 4);
+            common::logits::assert_bit_identical(
+                &got,
+                &want,
+                &format!("{file} capped ({policy:?}) vs resident"),
+            );
+            let first = model.profiler().experts();
+            let again = prompt_and_decode(&mut model, tokens, 4);
+            common::logits::assert_bit_identical(&again, &want, &format!("{file} again"));
+            let second = model.profiler().experts().since(&first);
+            let (held, budget) = model.executor().expert_cache();
+            eprintln!(
+                "{file} {policy:?}: cache {held} of {budget} bytes; first run {first:?} ({:.0}% hits), second {second:?} ({:.0}% hits)",
+                100.0 * first.hit_rate(),
+                100.0 * second.hit_rate()
+            );
+            assert!(first.misses > 0 && held <= budget);
+            assert_eq!(
+                first.hits + first.misses,
+                second.hits + second.misses,
+                "{file}: the same passes need the same experts"
+            );
+            // LFU keeps what it cached; LRU, over a repeated sequence of
+            // more experts than it holds, gives each up before its reuse.
+            if policy == ExpertPolicy::Lfu {
+                assert!(
+                    second.hits > first.hits,
+                    "{file}: the second run finds cached experts"
+                );
+            }
+            // Every layer's lookups are in the routing trace's order.
+            assert!(model.profiler().expert_trace.is_none());
+        }
+    }
+}
+
+/// Stream mode given an expert cache that holds every expert reads each
+/// expert once: a repeated prompt reads nothing more.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn a_cache_of_every_expert_reads_each_once() {
+    let file = "qwen3moe-synth-q8_0.gguf";
+    let Some(path) = common::synthetic::synthetic_model(file, &fixtures(), "gen_synthetic_moe.py")
+    else {
+        return;
+    };
+    let fixture = LogitFixture::load(&fixtures().join("qwen3moe-synth-q8_0.logits.json"));
+    let mut model = Model::load(
+        &path,
+        LoadOptions {
+            residency: Residency::Stream,
+            expert_cache_bytes: Some(1 << 30),
+            ..LoadOptions::default()
+        },
+    )
+    .expect("load");
+    model.profiler_mut().trace_experts();
+    let tokens = &fixture.teacher_forced[0].tokens;
+    prompt_and_decode(&mut model, tokens, 4);
+    let first = model.profiler().experts();
+    prompt_and_decode(&mut model, tokens, 4);
+    let second = model.profiler().experts().since(&first);
+    assert_eq!(second.misses, 0, "every expert was cached: {second:?}");
+    assert_eq!(second.bytes_read, 0);
+    let trace = model.profiler().expert_trace.clone().expect("traced");
+    assert_eq!(
+        trace.len() as u64,
+        first.hits + first.misses + second.hits + second.misses,
+        "one trace entry per expert a pass needed"
+    );
+}

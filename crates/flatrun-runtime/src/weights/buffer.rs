@@ -13,6 +13,9 @@ pub(crate) struct AlignedBuffer {
 // moves between the read-ahead thread and the executor, and only its current
 // holder touches it.
 unsafe impl Send for AlignedBuffer {}
+// SAFETY: through `&AlignedBuffer` its bytes can only be read (`as_slice`);
+// writing takes `&mut self`, so shared references never race with a write.
+unsafe impl Sync for AlignedBuffer {}
 
 impl AlignedBuffer {
     fn layout(len: usize) -> Option<std::alloc::Layout> {

@@ -30,8 +30,16 @@
 //! streams row chunks of every matrix (a fixed byte budget in flight,
 //! whatever a layer's size); `cap=SIZE` and custom policies keep some layers
 //! and stream the others whole.
+//!
+//! A mixture-of-experts layer's routed experts are not part of any item
+//! unless the whole model is kept: the router's choice is known only once
+//! it ran, so each chosen expert (all its projections) is read then, in one
+//! request outside the schedule ([`WeightEngine::read_now`]), and offered to
+//! the expert cache (`experts.rs`), which keeps the experts used most
+//! within what the cap leaves.
 
 pub(crate) mod buffer;
+pub(crate) mod experts;
 pub(crate) mod kernels;
 pub(crate) mod plan;
 mod source;
@@ -64,6 +72,9 @@ impl Span {
         self.file == file && self.offset <= offset && offset + len <= self.offset + self.len
     }
 }
+
+/// Concurrent on-demand reads (a decode step's routed experts).
+const ON_DEMAND_READERS: usize = 4;
 
 /// Spans closer than this are read as one request (a small gap costs less
 /// than another request).
@@ -301,8 +312,9 @@ pub(crate) struct WeightEngine {
     /// Kept items' mapped ranges, by index.
     kept: Arc<Vec<Vec<Mapped>>>,
     shared: Arc<Shared>,
-    /// The executor's own reads (when the thread is behind or absent).
-    files: Mutex<Files>,
+    /// The executor's own reads (when the thread is behind or absent), and
+    /// on-demand reads: one set of descriptors per concurrent reader.
+    files: Vec<Mutex<Files>>,
     policy: CachePolicy,
     buffer_bytes: usize,
     worker: Option<JoinHandle<()>>,
@@ -362,7 +374,9 @@ impl WeightEngine {
             streamed,
             kept,
             shared,
-            files: Mutex::new(Files::new(paths, policy)),
+            files: (0..ON_DEMAND_READERS)
+                .map(|_| Mutex::new(Files::new(paths.clone(), policy)))
+                .collect(),
             policy,
             buffer_bytes,
             worker,
@@ -405,12 +419,54 @@ impl WeightEngine {
         self.shared.lock().warmth.get(k) == Some(&Warmth::Warm)
     }
 
+    /// A reader's descriptors: a free one, else the first (waiting for it).
+    fn reader(&self) -> MutexGuard<'_, Files> {
+        for f in &self.files {
+            if let Ok(guard) = f.try_lock() {
+                return guard;
+            }
+        }
+        self.files[0].lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Read each of `reads` (spans of one expert, say) now, outside the
+    /// schedule, into buffers of their own, several at once: a disk
+    /// serves concurrent requests faster than one after another.
+    pub(crate) fn read_now_many(&self, reads: &[Vec<Span>]) -> Vec<Result<OnDemand, FetchError>> {
+        if reads.len() <= 1 {
+            return reads.iter().map(|spans| self.read_now(spans)).collect();
+        }
+        let lanes = ON_DEMAND_READERS.min(reads.len());
+        let mut out: Vec<Option<Result<OnDemand, FetchError>>> =
+            (0..reads.len()).map(|_| None).collect();
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..lanes)
+                .map(|lane| {
+                    scope.spawn(move || {
+                        (lane..reads.len())
+                            .step_by(lanes)
+                            .map(|i| (i, self.read_now(&reads[i])))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            for h in handles {
+                if let Ok(done) = h.join() {
+                    done.into_iter().for_each(|(i, r)| out[i] = Some(r));
+                }
+            }
+        });
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(FetchError("an expert read panicked".into()))))
+            .collect()
+    }
+
     /// Read `spans` now, outside the schedule, into a buffer of their own
     /// (the rows of the experts a router chose: known only once it ran).
     pub(crate) fn read_now(&self, spans: &[Span]) -> Result<OnDemand, FetchError> {
         let buffer = AlignedBuffer::new(buffer_bytes(spans))
             .ok_or_else(|| FetchError("cannot allocate a read buffer".into()))?;
-        let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+        let mut files = self.reader();
         let fetched = files.read(spans, buffer);
         match fetched.error.clone() {
             Some(e) => Err(FetchError(e)),
@@ -456,7 +512,7 @@ impl WeightEngine {
                 let buffer = buffer
                     .or_else(|| AlignedBuffer::new(self.buffer_bytes))
                     .ok_or_else(|| FetchError("cannot allocate a read buffer".into()))?;
-                let mut files = self.files.lock().unwrap_or_else(|e| e.into_inner());
+                let mut files = self.reader();
                 files.read(&self.streamed[item], buffer)
             }
         };

@@ -13,7 +13,7 @@ use crate::memory;
 use flatrun_format::{StorageBackend, TensorHandle, TensorInfo};
 use flatrun_kernels::Weight;
 use flatrun_model::Manifest;
-use flatrun_model::arch::parse_layer_tensor;
+use flatrun_model::arch::{Role, parse_expert_tensor, parse_layer_tensor};
 use std::ops::Range;
 
 /// How one layer's weights reach its forward pass.
@@ -22,10 +22,18 @@ pub(crate) enum LayerLayout {
     /// Nothing to acquire: the layer is left out (`--layers`) or its
     /// matrices were dequantized at load (`--weights f16|f32`).
     Skipped,
-    /// In the mapping, kept item `kept`.
-    Kept(usize),
-    /// Streamed whole: one item holding every tensor of the layer.
-    Whole(usize),
+    /// In the mapping, kept item `item`; with `experts`, the routed
+    /// experts are not part of it but read once routed.
+    Kept {
+        item: usize,
+        experts: Vec<ExpertMatrix>,
+    },
+    /// Streamed whole: one item holding every tensor of the layer but its
+    /// routed experts (`experts`), read once routed.
+    Whole {
+        item: usize,
+        experts: Vec<ExpertMatrix>,
+    },
     /// Streamed in row chunks: item `vectors` holds the layer's vectors
     /// (norms, biases, small tensors), each matrix its own chunks.
     Chunked {
@@ -37,16 +45,36 @@ pub(crate) enum LayerLayout {
     },
 }
 
-/// A stacked expert matrix of a chunked layer, read by row ranges on demand.
+/// A matrix of routed experts (a stack of them, or one expert's), read by
+/// an expert's rows on demand.
 #[derive(Debug)]
 pub(crate) struct ExpertMatrix {
     /// Address range of its data in the mapping.
     address: Range<usize>,
     row_bytes: usize,
     sources: Sources,
+    /// The expert of its first rows (0 for a stack).
+    first_expert: usize,
+    /// Rows of one expert.
+    expert_rows: usize,
+    /// Whether it is the experts' last projection (`ffn_down`): once it
+    /// has run, the layer is done with that expert.
+    pub last: bool,
 }
 
 impl ExpertMatrix {
+    /// The expert whose rows `rows` are (rows of this matrix).
+    pub(crate) fn expert_of(&self, rows: &Range<usize>) -> usize {
+        self.first_expert + rows.start / self.expert_rows.max(1)
+    }
+
+    /// The file spans of expert `e`'s rows, if this matrix holds them.
+    pub(crate) fn expert_spans(&self, e: usize) -> Option<Vec<Span>> {
+        let local = e.checked_sub(self.first_expert)?;
+        let rows = local * self.expert_rows..(local + 1) * self.expert_rows;
+        (rows.end * self.row_bytes <= self.address.len()).then(|| self.spans(rows))
+    }
+
     /// The rows of this matrix that `w` (a view of some of them in the
     /// mapping) covers, if it is one.
     pub(crate) fn rows_of(&self, w: &Weight) -> Option<Range<usize>> {
@@ -229,6 +257,9 @@ pub(crate) struct PlanInput<'a> {
     pub skipped: &'a dyn Fn(usize) -> bool,
     /// Per layer: kept in the mapping.
     pub kept: &'a dyn Fn(usize) -> bool,
+    /// Kept layers keep only their dense part, their routed experts read
+    /// once routed ([`crate::ResidencyPlan::split_experts`]).
+    pub split_experts: bool,
     /// Whether a tensor of a layer is a matrix (streamed in chunks) rather
     /// than a vector (read with the layer's other vectors).
     pub is_matrix: &'a dyn Fn(&TensorInfo) -> bool,
@@ -323,6 +354,35 @@ fn row_sources(t: &TensorSpans, w: &Weight) -> (Sources, usize) {
     (sources, w.row_bytes() + parts * w.scale_row_bytes())
 }
 
+/// The expert matrices of a layer's routed-expert tensors: each a stack of
+/// `n_expert` experts, or one expert's own (`layers.3.ffn.up_exps.5`).
+fn expert_matrices(stacks: &[TensorSpans], n_expert: usize) -> Result<Vec<ExpertMatrix>> {
+    let mut experts = Vec::with_capacity(stacks.len());
+    for t in stacks {
+        let name = t.handle.name();
+        let w = Weight::from_handle(&t.handle).map_err(kernel_error(name))?;
+        let (sources, _) = row_sources(t, &w);
+        let start = w.data.as_ptr() as usize;
+        let (role, own) = match parse_expert_tensor(name) {
+            Some((_, role, own)) => (role, own),
+            None => continue,
+        };
+        let (first_expert, expert_rows) = match own {
+            Some(e) => (e, w.rows),
+            None => (0, w.rows / n_expert),
+        };
+        experts.push(ExpertMatrix {
+            address: start..start + w.data.len(),
+            row_bytes: w.row_bytes(),
+            sources,
+            first_expert,
+            expert_rows,
+            last: role == Role::FfnDownExps,
+        });
+    }
+    Ok(experts)
+}
+
 /// Cut `rows` rows of `row_bytes` bytes (all parts) into chunks of at most
 /// `chunk_bytes` (at least one row each), adding one streamed item per chunk.
 fn push_chunks(
@@ -353,6 +413,7 @@ impl WeightPlan {
     /// Plan `input`, with its items in the order a step uses them.
     pub(crate) fn build(input: &PlanInput) -> Result<(WeightPlan, Items)> {
         let b = input.backend;
+        let n_expert = input.manifest.experts.map_or(1, |c| c.n_expert.max(1));
         let mut streamed: Vec<Vec<Span>> = Vec::new();
         let mut kept: Vec<Vec<Mapped>> = Vec::new();
         let mut layers = Vec::with_capacity(input.manifest.layers.len());
@@ -367,19 +428,36 @@ impl WeightPlan {
                 .iter()
                 .map(|t| spans_of(b, &t.name))
                 .collect::<Result<Vec<_>>>()?;
+            let is_experts = |t: &TensorSpans| {
+                parse_layer_tensor(t.handle.name()).is_some_and(|(_, r)| r.is_experts())
+            };
             if (input.kept)(il) {
+                // Kept whole, or its dense part with the experts on demand.
+                let (stacks, tensors): (Vec<_>, Vec<_>) = if input.split_experts {
+                    tensors.into_iter().partition(|t| is_experts(t))
+                } else {
+                    (Vec::new(), tensors)
+                };
                 kept.push(tensors.iter().flat_map(|t| mapped_of(&t.handle)).collect());
-                layers.push(LayerLayout::Kept(kept.len() - 1));
+                layers.push(LayerLayout::Kept {
+                    item: kept.len() - 1,
+                    experts: expert_matrices(&stacks, n_expert)?,
+                });
                 continue;
             }
             match input.layers {
                 Granularity::Layer => {
+                    let (stacks, tensors): (Vec<_>, Vec<_>) =
+                        tensors.into_iter().partition(|t| is_experts(t));
                     let spans = tensors
                         .iter()
                         .flat_map(|t| std::iter::once(t.data).chain(t.parts.iter().map(|p| p.1)))
                         .collect();
                     streamed.push(coalesce(spans, COALESCE_GAP));
-                    layers.push(LayerLayout::Whole(streamed.len() - 1));
+                    layers.push(LayerLayout::Whole {
+                        item: streamed.len() - 1,
+                        experts: expert_matrices(&stacks, n_expert)?,
+                    });
                 }
                 Granularity::Chunks(chunk_bytes) => {
                     let (matrices, vectors): (Vec<_>, Vec<_>) = tensors
@@ -389,18 +467,7 @@ impl WeightPlan {
                         matrices.into_iter().partition(|t| {
                             parse_layer_tensor(t.handle.name()).is_some_and(|(_, r)| r.is_experts())
                         });
-                    let mut experts = Vec::with_capacity(stacks.len());
-                    for t in &stacks {
-                        let w = Weight::from_handle(&t.handle)
-                            .map_err(kernel_error(t.handle.name()))?;
-                        let (sources, _) = row_sources(t, &w);
-                        let start = w.data.as_ptr() as usize;
-                        experts.push(ExpertMatrix {
-                            address: start..start + w.data.len(),
-                            row_bytes: w.row_bytes(),
-                            sources,
-                        });
-                    }
+                    let experts = expert_matrices(&stacks, n_expert)?;
                     let vector_spans = vectors
                         .iter()
                         .flat_map(|t| std::iter::once(t.data).chain(t.parts.iter().map(|p| p.1)))
