@@ -158,13 +158,14 @@ def anon_overhead(args) -> int:
 
 
 def expert_fields(row: dict | None) -> dict:
-    """The expert-cache fields of a bench row (`expert_*`), whatever they are."""
-    return {k: v for k, v in (row or {}).items() if k.startswith("expert") and isinstance(v, (int, float))}
+    """The numbers of a bench row's `experts` object (hits, misses,
+    hit_rate, bytes_read_per_token, used_bytes_per_token, cache_bytes,
+    cache_budget_bytes), prefixed `expert_`; empty for a binary without it."""
+    e = (row or {}).get("experts") or {}
+    return {f"expert_{k}": v for k, v in e.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def hit_rate(fields: dict) -> float | None:
-    if "expert_hit_rate" in fields:
-        return float(fields["expert_hit_rate"])
     h, m = fields.get("expert_hits"), fields.get("expert_misses")
     if h is not None and m is not None and h + m:
         return h / (h + m)
@@ -210,18 +211,24 @@ def capped_flatrun(args, limit: int, anon: int, policy: str, tag: str, s: Sample
         s.add(f"{key}.{k}", v)
     hr = hit_rate(fields)
     s.add(f"{key}.hit_rate", hr)
-    cache = fields.get("expert_cache_bytes")
+    cache = fields.get("expert_cache_budget_bytes")
     if cache is None:
         # Not reported: what the cap leaves after the dense weights.
         cache = max(0, keep - facts["dense_bytes"])
     s.add(f"{key}.expert_cache_mib", cache / MIB)
-    held = hr if hr is not None else min(1.0, cache / facts["expert_bytes"])
-    missed = facts["active_expert_bytes_per_token"] * (1 - held)
+    # Not held by the cache: the misses' bytes Flatrun counted, else the
+    # active experts beyond the cache's share of all experts.
+    if fields.get("expert_bytes_read_per_token") is not None:
+        missed = fields["expert_bytes_read_per_token"]
+    else:
+        missed = facts["active_expert_bytes_per_token"] * (1 - min(1.0, cache / facts["expert_bytes"]))
+    s.add(f"{key}.uniform_hit_rate", min(1.0, cache / facts["expert_bytes"]))
     line = (f"    flatrun  {limit / GIB:g} GiB ({residency}, {policy}): tg{args.gen} {tps:6.3f} t/s, "
             f"read {per_token / MIB:7.1f} MiB/token, cgroup peak {(res.cgroup_peak or 0) / MIB:6.0f} MiB, "
             f"OOM kills {res.cgroup_oom_kills}")
     if hr is not None:
-        line += f", hit rate {hr:.2f}"
+        line += (f", experts: hit rate {hr:.3f}, {fields.get('expert_bytes_read_per_token', 0) / MIB:.0f} MiB "
+                 f"read/token, cache {fields.get('expert_cache_bytes', 0) / MIB:.0f} of {cache / MIB:.0f} MiB")
     if bw_exp:
         s.add(f"{key}.disk_seq_mb_s", bw_seq / 1e6 if bw_seq else None)
         s.add(f"{key}.disk_expert_mb_s", bw_exp / 1e6)
