@@ -66,6 +66,34 @@ class RunResult:
     peak_anon: int = 0
     peak_file: int = 0
     cgroup_peak: int | None = None
+    # (seconds since start, read_bytes of /proc/PID/io): what the process
+    # made the kernel read from storage, sampled with the RSS.
+    io: list[tuple[float, int]] = field(default_factory=list)
+    cgroup_oom_kills: int | None = None
+
+    def read_bytes(self) -> int:
+        """Bytes the process read from storage over its whole run."""
+        return self.io[-1][1] if self.io else 0
+
+    def read_bytes_last(self, seconds: float) -> int:
+        """Bytes read from storage in the last `seconds` of the run (a
+        test's own reads, without the load phase before it)."""
+        if not self.io:
+            return 0
+        t_end, b_end = self.io[-1]
+        before = [b for t, b in self.io if t <= t_end - seconds]
+        return b_end - (before[-1] if before else 0)
+
+
+def _read_bytes(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            for line in f:
+                if line.startswith("read_bytes:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _status_kib(pid: int) -> dict[str, int]:
@@ -89,6 +117,7 @@ def run_measured(cmd: list[str], cgroup: "Cgroup | None" = None, timeout: float 
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec
     )
     peaks = {"rss": 0, "anon": 0, "file": 0}
+    io: list[tuple[float, int]] = []
     stop = threading.Event()
 
     def sample() -> None:
@@ -98,6 +127,9 @@ def run_measured(cmd: list[str], cgroup: "Cgroup | None" = None, timeout: float 
                 peaks["rss"] = max(peaks["rss"], s.get("VmHWM", 0), s.get("VmRSS", 0))
                 peaks["anon"] = max(peaks["anon"], s.get("RssAnon", 0))
                 peaks["file"] = max(peaks["file"], s.get("RssFile", 0))
+            rb = _read_bytes(proc.pid)
+            if rb is not None:
+                io.append((time.perf_counter() - t0, rb))
             stop.wait(0.01)
 
     sampler = threading.Thread(target=sample, daemon=True)
@@ -111,8 +143,10 @@ def run_measured(cmd: list[str], cgroup: "Cgroup | None" = None, timeout: float 
     sampler.join()
     res = RunResult(out, err, proc.returncode, time.perf_counter() - t0)
     res.peak_rss, res.peak_anon, res.peak_file = peaks["rss"], peaks["anon"], peaks["file"]
+    res.io = io
     if cgroup:
         res.cgroup_peak = cgroup.peak()
+        res.cgroup_oom_kills = cgroup.oom_kills()
     return res
 
 
@@ -161,6 +195,19 @@ class Cgroup:
             return int(f.read_text().split()[0])
         except (OSError, ValueError):
             return None
+
+    def oom_kills(self) -> int | None:
+        """Processes the kernel's OOM killer killed in this group (v1
+        `memory.oom_control`, v2 `memory.events`); None where not reported."""
+        f = self.path / ("memory.events" if self.v2 else "memory.oom_control")
+        try:
+            for line in f.read_text().splitlines():
+                key, _, val = line.partition(" ")
+                if key == "oom_kill":
+                    return int(val)
+        except (OSError, ValueError):
+            pass
+        return None
 
     def remove(self) -> None:
         for _ in range(50):
@@ -213,14 +260,16 @@ def flatrun_bench(args, model: Path, p: int, n: int, residency: str, cgroup=None
         tps = r["median_tok_s"]
         out[r["test"]] = {"tok_s": tps, "seconds": r["tokens"] / tps if tps else float("inf"),
                           "streamed_bytes_per_token": r.get("streamed_bytes_per_token"),
-                          "anon_after_bytes": r.get("anon_after_bytes")}
+                          "anon_after_bytes": r.get("anon_after_bytes"), "row": r}
     return out, res
 
 
-def disk_read_bandwidth(path: Path, block: int = 4 * MIB) -> float | None:
-    """Cold sequential read bandwidth of `path` in bytes/s: O_DIRECT reads of
-    `block` bytes into an aligned buffer (the page cache is bypassed, like
-    Flatrun's capped reader); None where O_DIRECT is unsupported."""
+def disk_read_bandwidth(path: Path, block: int = 4 * MIB, spans: list[tuple[int, int]] | None = None) -> float | None:
+    """Cold read bandwidth of `path` in bytes/s: O_DIRECT reads of `block`
+    bytes into an aligned buffer (the page cache is bypassed, like Flatrun's
+    capped reader), sequentially over the whole file, or over `spans`
+    ((offset, length) pairs, in their order) when given; None where O_DIRECT
+    is unsupported."""
     import mmap
 
     try:
@@ -230,14 +279,22 @@ def disk_read_bandwidth(path: Path, block: int = 4 * MIB) -> float | None:
     try:
         buf = mmap.mmap(-1, block)  # page-aligned
         size = os.fstat(fd).st_size // 4096 * 4096
+        if spans is None:
+            spans = [(0, size)]
         t0 = time.perf_counter()
-        off = 0
-        while off < size:
-            n = os.preadv(fd, [buf], off)
-            if n <= 0:
-                break
-            off += n
-        return off / (time.perf_counter() - t0)
+        total = 0
+        for start, length in spans:
+            # O_DIRECT wants 4 KiB-aligned offsets and lengths.
+            off = start // 4096 * 4096
+            end = min(size, -(-(start + length) // 4096) * 4096)
+            while off < end:
+                want = min(block, end - off)
+                n = os.preadv(fd, [memoryview(buf)[:want]], off)
+                if n <= 0:
+                    break
+                off += n
+                total += n
+        return total / (time.perf_counter() - t0)
     except OSError:
         return None
     finally:
