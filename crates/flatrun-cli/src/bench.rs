@@ -298,7 +298,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
                 pp.push(n_prompt as f64 / prefill.as_secs_f64().max(1e-9));
             }
             let after = session.model().profiler().experts();
-            pp_experts = add(pp_experts, after.since(&before));
+            pp_experts = pp_experts + after.since(&before);
             // Decode: one token per step, greedy.
             let mut next = argmax(&logits);
             let started = Instant::now();
@@ -310,10 +310,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
             if args.n_gen > 0 {
                 tg.push(args.n_gen as f64 / started.elapsed().as_secs_f64().max(1e-9));
             }
-            tg_experts = add(
-                tg_experts,
-                session.model().profiler().experts().since(&after),
-            );
+            tg_experts = tg_experts + session.model().profiler().experts().since(&after);
         }
         bar.finish();
         let speculative = speculation
@@ -507,14 +504,6 @@ pub fn markdown(rows: &[BenchRow]) -> String {
         }
     }
     s
-}
-
-fn add(a: ExpertStats, b: ExpertStats) -> ExpertStats {
-    ExpertStats {
-        hits: a.hits + b.hits,
-        misses: a.misses + b.misses,
-        bytes_read: a.bytes_read + b.bytes_read,
-    }
 }
 
 /// The routing trace as JSON: `{"n_layer", "n_expert", "n_used", "trace":

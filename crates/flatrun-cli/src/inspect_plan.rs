@@ -179,10 +179,10 @@ fn build(cfg: &ModelConfig, manifest: &Manifest, layer: Option<LayerDetail>) -> 
             None,
         );
         let used = manifest.used_expert_bytes_per_token();
-        let kept_experts = if p.split_experts || p.resident.iter().any(|&r| !r) {
-            p.expert_cache_bytes
-        } else {
+        let kept_experts = if p.keeps_experts_whole() {
             expert_total
+        } else {
+            p.expert_cache_bytes
         };
         let share = kept_experts.min(expert_total) as f64 / expert_total.max(1) as f64;
         ModePeak {

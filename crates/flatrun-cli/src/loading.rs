@@ -109,8 +109,7 @@ pub fn header(loaded: &Loaded) -> String {
     }
     if let Some(c) = exec.manifest().experts {
         let (_, budget) = exec.expert_cache();
-        let kept_whole = !plan.split_experts && plan.resident.iter().all(|&r| r);
-        extra.push_str(&if kept_whole {
+        extra.push_str(&if plan.keeps_experts_whole() {
             format!(
                 "\nexperts:   top-{} of {} per layer, all kept",
                 c.n_used, c.n_expert

@@ -51,6 +51,17 @@ pub struct ExpertStats {
     pub bytes_read: u64,
 }
 
+impl std::ops::Add for ExpertStats {
+    type Output = ExpertStats;
+    fn add(self, o: ExpertStats) -> ExpertStats {
+        ExpertStats {
+            hits: self.hits + o.hits,
+            misses: self.misses + o.misses,
+            bytes_read: self.bytes_read + o.bytes_read,
+        }
+    }
+}
+
 impl ExpertStats {
     /// Share of the experts needed that the cache held (0 when none were needed).
     pub fn hit_rate(&self) -> f64 {
@@ -210,11 +221,12 @@ impl Profiler {
     pub fn experts(&self) -> ExpertStats {
         self.layers
             .iter()
-            .fold(ExpertStats::default(), |s, l| ExpertStats {
-                hits: s.hits + l.expert_hits,
-                misses: s.misses + l.expert_misses,
-                bytes_read: s.bytes_read + l.expert_bytes_read,
+            .map(|l| ExpertStats {
+                hits: l.expert_hits,
+                misses: l.expert_misses,
+                bytes_read: l.expert_bytes_read,
             })
+            .fold(ExpertStats::default(), |a, b| a + b)
     }
 
     /// Time of work outside the layers (`embed`, `head`, `head_io_wait`, `sampling`).

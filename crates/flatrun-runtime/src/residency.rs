@@ -131,11 +131,11 @@ impl ResidencyPlan {
         let streamed: u64 = manifest
             .layers
             .iter()
-            .map(|l| match (resident[l.index], split, moe) {
-                (true, false, _) => 0,
-                (true, true, Some(c)) => c.used_bytes(l.expert_bytes()),
-                (true, true, None) => 0,
-                (false, ..) => streamed_bytes(l),
+            .map(|l| match (resident[l.index], moe) {
+                // A kept dense part still reads its routed experts.
+                (true, Some(c)) if split => c.used_bytes(l.expert_bytes()),
+                (true, _) => 0,
+                (false, _) => streamed_bytes(l),
             })
             .sum::<u64>()
             + if output_resident {
@@ -154,13 +154,18 @@ impl ResidencyPlan {
         }
     }
 
+    /// Whether every layer is kept whole, routed experts included (so none
+    /// is read once routed).
+    pub fn keeps_experts_whole(&self) -> bool {
+        !self.split_experts && self.resident.iter().all(|&r| r)
+    }
+
     /// The plan with an expert cache of `bytes` in place of the one it
     /// planned (a mixture-of-experts model given a cache explicitly); a
     /// model without routed experts, or with all of them kept, has none.
     pub fn with_expert_cache(mut self, manifest: &Manifest, bytes: Option<u64>) -> ResidencyPlan {
         let Some(bytes) = bytes else { return self };
-        let all_kept = !self.split_experts && self.resident.iter().all(|&r| r);
-        let bytes = if manifest.experts.is_none() || all_kept {
+        let bytes = if manifest.experts.is_none() || self.keeps_experts_whole() {
             0
         } else {
             bytes
@@ -331,7 +336,7 @@ impl MemoryPlan {
         };
         // The running layer's routed experts, read once routed.
         let experts_in_flight = match manifest.experts {
-            Some(c) if weights.split_experts || !all_kept => manifest
+            Some(c) if !weights.keeps_experts_whole() => manifest
                 .layers
                 .iter()
                 .map(|l| c.used_bytes(l.expert_bytes()))

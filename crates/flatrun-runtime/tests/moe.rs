@@ -299,8 +299,6 @@ fn capped_experts_come_through_the_cache_bit_for_bit() {
                     "{file}: the second run finds cached experts"
                 );
             }
-            // Every layer's lookups are in the routing trace's order.
-            assert!(model.profiler().expert_trace.is_none());
         }
     }
 }

@@ -924,6 +924,8 @@ struct TileScratch {
     queries: Vec<TileQuery>,
     /// `queries.len() × lanes × head_dim` partial sums of the values.
     acc: Vec<f32>,
+    /// Per query: how many of its slots the value pass has taken.
+    cursor: Vec<usize>,
     row: Vec<f32>,
 }
 
@@ -954,7 +956,12 @@ impl Tiles<'_> {
         let off = |j: usize| j * self.kv_stride + g * hd;
         TILES.with(|cell| {
             let mut guard = cell.borrow_mut();
-            let TileScratch { queries, acc, row } = &mut *guard;
+            let TileScratch {
+                queries,
+                acc,
+                cursor,
+                row,
+            } = &mut *guard;
             row.resize(hd, 0.0);
             // The tile's query vectors: the heads reading KV head `g`.
             let mut n = 0;
@@ -1023,7 +1030,8 @@ impl Tiles<'_> {
             // The weighted values, a key tile at a time, each query's slots in order.
             acc.clear();
             acc.resize(queries.len() * lanes * hd, 0.0);
-            let mut cursor = vec![0usize; queries.len()];
+            cursor.clear();
+            cursor.resize(queries.len(), 0);
             for tile in self.written.chunks(TILE_KEYS) {
                 let end = tile[tile.len() - 1];
                 for ((tq, at), lanes_acc) in queries
