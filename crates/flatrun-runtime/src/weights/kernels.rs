@@ -68,7 +68,7 @@ impl Pass {
 }
 
 /// The next layer's router, to predict its experts from this layer's
-/// residual stream: `top-k(router · rmsnorm(h) · norm + bias)`.
+/// residual stream: the first ⌈k/2⌉ of `top-k(router · rmsnorm(h) · norm + bias)`.
 pub(crate) struct NextRouter<'a> {
     pub layer: usize,
     pub router: Weight<'a>,
@@ -287,7 +287,10 @@ impl<'a> ChunkedKernels<'a> {
             }
             let mut order: Vec<usize> = (0..ne).collect();
             order.sort_unstable_by(|&a, &b| row[b].total_cmp(&row[a]));
-            for &e in order.iter().take(next.k) {
+            // The top half of the prediction: on the scale bench 90% of
+            // those were chosen, against 72% of the whole top-k, whose
+            // wasted reads cost more disk time than the overlap saved.
+            for &e in order.iter().take(next.k.div_ceil(2)) {
                 if !chosen.contains(&e) {
                     chosen.push(e);
                 }
