@@ -126,7 +126,7 @@ def flatrun_run(args, residency: str, n: int, cgroup=None, extra=None, p: int = 
     """`flatrun bench` -p p -n n, one repetition, no warm-up; returns (tg row
     or None, RunResult); raises RuntimeError when the process failed."""
     cmd = [args.flatrun, "bench", "-m", str(args.model), "--threads", str(args.threads), "-p", str(p),
-           "-n", str(n), "-r", "1", "--residency", residency, "--json", "-q"] + (extra or [])
+           "-n", str(n), "-r", "1", "--residency", residency, "--json", "-q"] + (extra or []) + args.flatrun_args
     res = run_measured(cmd, cgroup, timeout=args.timeout)
     if res.returncode != 0:
         raise RuntimeError(f"flatrun bench failed ({res.returncode}; OOM kills in the cgroup: "
@@ -216,10 +216,12 @@ def capped_flatrun(args, limit: int, anon: int, policy: str, tag: str, s: Sample
         # Not reported: what the cap leaves after the dense weights.
         cache = max(0, keep - facts["dense_bytes"])
     s.add(f"{key}.expert_cache_mib", cache / MIB)
-    # Not held by the cache: the misses' bytes Flatrun counted, else the
-    # active experts beyond the cache's share of all experts.
-    if fields.get("expert_bytes_read_per_token") is not None:
-        missed = fields["expert_bytes_read_per_token"]
+    # Not held by the cache: the active experts' bytes times the miss rate
+    # Flatrun counted (what it read beyond that, experts read ahead and not
+    # chosen, is its own cost), else the active experts beyond the cache's
+    # share of all experts.
+    if hr is not None:
+        missed = facts["active_expert_bytes_per_token"] * (1 - hr)
     else:
         missed = facts["active_expert_bytes_per_token"] * (1 - min(1.0, cache / facts["expert_bytes"]))
     s.add(f"{key}.uniform_hit_rate", min(1.0, cache / facts["expert_bytes"]))
@@ -369,6 +371,8 @@ def main() -> int:
     ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"),
                     help="llama.cpp build/bin directory with llama-bench (env LLAMA_CPP_BIN)")
     ap.add_argument("--flatrun", default=str(REPO / "target/release/flatrun"), help="flatrun binary")
+    ap.add_argument("--flatrun-args", nargs="*", default=[],
+                    help="more flags for every `flatrun bench` (e.g. --no-expert-prefetch)")
     ap.add_argument("--model", type=Path, help="the GGUF [default: scripts/gen_moe_scale.py's, written if missing]")
     ap.add_argument("--layers", type=int, default=48, help="layers of the generated model (2: the CI variant)")
     ap.add_argument("--rounds", type=int, default=3)

@@ -126,6 +126,10 @@ pub struct ExpertSummary {
     pub bytes_read_per_token: f64,
     /// Bytes of the routed experts a token uses (hits and misses).
     pub used_bytes_per_token: u64,
+    /// Misses the previous layer had read ahead on its prediction.
+    pub ahead_used: u64,
+    /// Experts read ahead that the router did not choose.
+    pub ahead_wasted: u64,
 }
 
 impl ExpertSummary {
@@ -142,11 +146,13 @@ impl ExpertSummary {
             hit_rate: stats.hit_rate(),
             bytes_read_per_token: stats.bytes_read as f64 / tokens.max(1) as f64,
             used_bytes_per_token: exec.manifest().used_expert_bytes_per_token(),
+            ahead_used: stats.ahead_used,
+            ahead_wasted: stats.ahead_wasted,
         })
     }
 
     fn line(&self) -> String {
-        format!(
+        let mut line = format!(
             "experts: {:.1}% hits ({} of {}), {} read per token of {} used, cache {} of {} ({})",
             100.0 * self.hit_rate,
             self.hits,
@@ -156,7 +162,14 @@ impl ExpertSummary {
             human_bytes(self.cache_bytes),
             human_bytes(self.cache_budget_bytes),
             self.policy
-        )
+        );
+        if self.ahead_used + self.ahead_wasted > 0 {
+            line += &format!(
+                "; read ahead {} used, {} wasted",
+                self.ahead_used, self.ahead_wasted
+            );
+        }
+        line
     }
 }
 

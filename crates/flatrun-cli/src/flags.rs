@@ -54,6 +54,10 @@ pub struct EngineFlags {
     /// keeps when full, `lfu` (used most often) or `lru` (used most recently).
     #[arg(long, value_name = "POLICY", default_value = "lfu", value_parser = ["lfu", "lru"])]
     pub expert_policy: String,
+    /// Mixture-of-experts models: do not read the next layer's predicted
+    /// experts ahead while a layer computes.
+    #[arg(long)]
+    pub no_expert_prefetch: bool,
     /// Mixture-of-experts models: bytes of routed experts kept after use
     /// (e.g. 2G) [default: under a cap, what it leaves after the dense
     /// weights; in stream mode none].
@@ -296,6 +300,7 @@ impl EngineFlags {
             layers,
             stream_reads,
             expert_policy,
+            expert_prefetch: !self.no_expert_prefetch,
             expert_cache_bytes,
             ..LoadOptions::default()
         };

@@ -134,6 +134,12 @@ pub trait Kernels: Send + Sync {
         }
         Ok(())
     }
+    /// A layer's router chose `experts` (ascending, each once) for the
+    /// tokens whose residual stream is `hidden` (`n_tokens × n_embd`),
+    /// before any of their products run. Kernels that read experts from
+    /// storage start on them here (and on a prediction of the next
+    /// layer's); the default does nothing.
+    fn routed(&self, _hidden: &[f32], _experts: &[u32]) {}
     /// Dequantize rows `rows` of `w` into `out` (`rows.len() * cols` values), e.g. embedding lookups.
     fn dequantize_rows(
         &self,

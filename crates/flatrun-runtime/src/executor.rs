@@ -21,7 +21,7 @@ use crate::profiler::Profiler;
 use crate::recurrent_state::RecurrentState;
 use crate::residency::ResidencyPlan;
 use crate::weights::experts::ExpertCache;
-use crate::weights::kernels::{ChunkedKernels, scatter};
+use crate::weights::kernels::{ChunkedKernels, NextRouter, scatter};
 use crate::weights::plan::{Granularity, PlanInput, file_bounds, rows_from};
 use crate::weights::{CachePolicy, LayerLayout, Lease, WeightEngine, WeightPlan};
 use crate::weights_override::DenseLayers;
@@ -204,6 +204,8 @@ pub struct StreamingExecutor {
     engine: WeightEngine,
     /// Routed experts kept after use (mixture-of-experts models).
     expert_cache: ExpertCache,
+    /// Read the next layer's predicted experts ahead.
+    expert_prefetch: bool,
     /// Unless everything is kept: per backend file, the page-aligned span of
     /// its tensors in the mapping (where pages may be released in blocks).
     mapped_bounds: Vec<Range<usize>>,
@@ -256,6 +258,15 @@ fn weight<'a>(h: &TensorHandle<'a>) -> Result<Weight<'a>> {
         tensor: h.name().to_string(),
         source,
     })
+}
+
+/// The next layer's router settings a layer predicts its experts with
+/// (its router matrix is a handle beside them).
+struct NextParts {
+    layer: usize,
+    norm: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    k: usize,
 }
 
 /// The layer a canonical tensor name belongs to (`usize::MAX` for others).
@@ -439,6 +450,7 @@ impl StreamingExecutor {
             weights,
             engine,
             expert_cache,
+            expert_prefetch: opts.expert_prefetch,
             mapped_bounds,
             matrix_names,
             buffers: StepBuffers::default(),
@@ -673,6 +685,46 @@ impl StreamingExecutor {
         Ok(())
     }
 
+    /// What layer `il` needs to predict the next layer's routed experts
+    /// and read them ahead: the next layer's router (only when that layer's
+    /// dense part is kept, so that using it reads nothing) with its FFN norm
+    /// and router bias, copied. `None` when there is nothing to predict.
+    fn next_router<'b>(
+        &self,
+        backend: &'b dyn StorageBackend,
+        il: usize,
+    ) -> Result<Option<(TensorHandle<'b>, NextParts)>> {
+        let next = il + 1;
+        let (Some(moe), true) = (&self.cfg.moe, self.expert_prefetch) else {
+            return Ok(None);
+        };
+        if next >= self.cfg.n_layer
+            || !self.selection.runs(next)
+            || self.weights.layers[il].experts().is_empty()
+            || !matches!(self.weights.layers.get(next), Some(LayerLayout::Kept { experts, .. }) if !experts.is_empty())
+        {
+            return Ok(None);
+        }
+        let Some(vectors) = self.vectors.kept(next) else {
+            return Ok(None);
+        };
+        let (Some(norm), Some((_, name))) = (
+            vectors.get(self.cfg.arch.ffn_norm()),
+            self.matrix_names[next]
+                .iter()
+                .find(|(role, _)| *role == Role::FfnGateInp),
+        ) else {
+            return Ok(None);
+        };
+        let parts = NextParts {
+            layer: next,
+            norm: norm.to_vec(),
+            bias: vectors.get(Role::FfnGateInpBias).map(<[f32]>::to_vec),
+            k: moe.n_expert_used,
+        };
+        Ok(Some((open(backend, name)?, parts)))
+    }
+
     /// One pass through the model for `pieces` (sequence index, token range).
     fn run_pieces(
         &mut self,
@@ -767,6 +819,9 @@ impl StreamingExecutor {
                     .map(|(role, h)| Ok((role, weight(h)?)))
                     .collect::<Result<_>>()?,
             };
+            // The next layer's router, when its dense part is kept: this
+            // layer predicts its experts and reads them ahead.
+            let next_router = self.next_router(backend.as_ref(), il)?;
             let vectors = self.vectors.get(
                 backend.as_ref(),
                 self.kernels.as_ref(),
@@ -824,6 +879,18 @@ impl StreamingExecutor {
             };
             let chunked =
                 (dense.is_none() && !(chunks.is_empty() && routed.is_empty())).then(|| {
+                    let next = next_router.as_ref().and_then(|(h, parts)| {
+                        Some(NextRouter {
+                            router: weight(h).ok()?,
+                            layer: parts.layer,
+                            bias: parts.bias.clone(),
+                            norm: parts.norm.clone(),
+                            eps: self.cfg.rms_eps,
+                            norm_offset: self.cfg.norm_weight_offset,
+                            k: parts.k,
+                            experts: self.weights.layers[parts.layer].experts(),
+                        })
+                    });
                     ChunkedKernels::new(
                         self.kernels.as_ref(),
                         &self.engine,
@@ -832,6 +899,7 @@ impl StreamingExecutor {
                         il,
                         &self.expert_cache,
                     )
+                    .predicting(next)
                 });
             let kernels: &dyn Kernels = match &chunked {
                 Some(k) => k,
@@ -861,6 +929,8 @@ impl StreamingExecutor {
                 self.profiler.record_expert_bytes(il, used.bytes_read);
                 self.profiler
                     .record_experts(il, used.hits, used.misses, &used.used);
+                self.profiler
+                    .record_experts_ahead(il, used.ahead_used, used.ahead_wasted);
             }
             // Release: a streamed layer's buffers go back for the next reads.
             drop(experts);

@@ -166,6 +166,11 @@ impl LayerVectorStore {
         Ok(store)
     }
 
+    /// Layer `il`'s vectors if they are kept.
+    pub fn kept(&self, il: usize) -> Option<&LayerVectors> {
+        self.kept.get(il)?.as_ref()
+    }
+
     /// The vectors of layer `il`: its kept copies, or converted now from
     /// `streamed`, the layer's streamed vectors.
     pub fn get(

@@ -320,6 +320,10 @@ pub struct LoadOptions {
     pub stream_reads: StreamReads,
     /// Which experts a mixture-of-experts model's expert cache keeps.
     pub expert_policy: ExpertPolicy,
+    /// Whether a layer predicts the next layer's routed experts (its router
+    /// applied to this layer's residual stream) and reads them ahead, when
+    /// that router is kept in memory. On by default.
+    pub expert_prefetch: bool,
     /// Bytes of the expert cache (`None`: what a cap leaves after the dense
     /// weights; nothing in stream mode).
     pub expert_cache_bytes: Option<u64>,
@@ -352,6 +356,7 @@ impl Default for LoadOptions {
             stream_chunk_bytes: DEFAULT_CHUNK_BYTES,
             stream_reads: StreamReads::Auto,
             expert_policy: ExpertPolicy::default(),
+            expert_prefetch: true,
             expert_cache_bytes: None,
         }
     }

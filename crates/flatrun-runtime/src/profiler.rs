@@ -39,6 +39,10 @@ pub struct LayerTimes {
     pub expert_hits: u64,
     /// Routed experts this layer read from storage.
     pub expert_misses: u64,
+    /// Of the misses, those the previous layer had read ahead.
+    pub expert_ahead_used: u64,
+    /// Experts read ahead for this layer that its router did not choose.
+    pub expert_ahead_wasted: u64,
 }
 
 /// What the routed experts of a streamed mixture-of-experts model cost:
@@ -48,7 +52,13 @@ pub struct LayerTimes {
 pub struct ExpertStats {
     pub hits: u64,
     pub misses: u64,
+    /// Bytes of expert rows read, those read ahead included.
     pub bytes_read: u64,
+    /// Misses whose read the previous layer had started (predicted from
+    /// its residual stream with this layer's router).
+    pub ahead_used: u64,
+    /// Experts read ahead that the router then did not choose.
+    pub ahead_wasted: u64,
 }
 
 impl std::ops::Add for ExpertStats {
@@ -58,6 +68,8 @@ impl std::ops::Add for ExpertStats {
             hits: self.hits + o.hits,
             misses: self.misses + o.misses,
             bytes_read: self.bytes_read + o.bytes_read,
+            ahead_used: self.ahead_used + o.ahead_used,
+            ahead_wasted: self.ahead_wasted + o.ahead_wasted,
         }
     }
 }
@@ -79,6 +91,8 @@ impl ExpertStats {
             hits: self.hits.saturating_sub(before.hits),
             misses: self.misses.saturating_sub(before.misses),
             bytes_read: self.bytes_read.saturating_sub(before.bytes_read),
+            ahead_used: self.ahead_used.saturating_sub(before.ahead_used),
+            ahead_wasted: self.ahead_wasted.saturating_sub(before.ahead_wasted),
         }
     }
 }
@@ -217,6 +231,14 @@ impl Profiler {
         }
     }
 
+    /// Experts of `layer` read ahead and used, and read ahead in vain.
+    pub fn record_experts_ahead(&mut self, layer: usize, used: u64, wasted: u64) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.expert_ahead_used += used;
+            l.expert_ahead_wasted += wasted;
+        }
+    }
+
     /// Routed experts' hits, misses and bytes read, over every layer.
     pub fn experts(&self) -> ExpertStats {
         self.layers
@@ -225,6 +247,8 @@ impl Profiler {
                 hits: l.expert_hits,
                 misses: l.expert_misses,
                 bytes_read: l.expert_bytes_read,
+                ahead_used: l.expert_ahead_used,
+                ahead_wasted: l.expert_ahead_wasted,
             })
             .fold(ExpertStats::default(), |a, b| a + b)
     }
@@ -341,6 +365,13 @@ impl Profiler {
                 mb(experts.bytes_read),
                 mb(experts.bytes_read) / tokens as f64
             );
+            if experts.ahead_used + experts.ahead_wasted > 0 {
+                let _ = writeln!(
+                    s,
+                    "experts read ahead: {} used, {} wasted",
+                    experts.ahead_used, experts.ahead_wasted
+                );
+            }
         }
         let total = (self.prefill_time + self.decode_time)
             .as_secs_f64()

@@ -334,14 +334,19 @@ impl MemoryPlan {
                 }
             }
         };
-        // The running layer's routed experts, read once routed.
+        // The running layer's routed experts, read once routed, and the
+        // next layer's, read ahead on a prediction.
         let experts_in_flight = match manifest.experts {
-            Some(c) if !weights.keeps_experts_whole() => manifest
-                .layers
-                .iter()
-                .map(|l| c.used_bytes(l.expert_bytes()))
-                .max()
-                .unwrap_or(0),
+            Some(c) if !weights.keeps_experts_whole() => {
+                let ahead = if opts.expert_prefetch { 2 } else { 1 };
+                ahead
+                    * manifest
+                        .layers
+                        .iter()
+                        .map(|l| c.used_bytes(l.expert_bytes()))
+                        .max()
+                        .unwrap_or(0)
+            }
             _ => 0,
         };
         let stream_buffer_bytes = stream_buffer_bytes + experts_in_flight;

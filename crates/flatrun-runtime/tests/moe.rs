@@ -249,6 +249,22 @@ fn capped_experts_come_through_the_cache_bit_for_bit() {
         let chunk = manifest.largest_layer_bytes().clamp(1 << 20, 4 << 20);
         let buffers = 2 * manifest.largest_dense_layer_bytes().max(chunk);
         let cap = dense + manifest.output.bytes + experts / 2 + buffers;
+        // Without reading ahead: the same bits, nothing read ahead.
+        let path = common::synthetic::synthetic_model(file, &fixtures(), "gen_synthetic_moe.py")
+            .expect("generated above");
+        let mut plain = Model::load(
+            &path,
+            LoadOptions {
+                residency: Residency::Cap(cap),
+                expert_prefetch: false,
+                ..LoadOptions::default()
+            },
+        )
+        .expect("load capped");
+        let got = prompt_and_decode(&mut plain, tokens, 4);
+        common::logits::assert_bit_identical(&got, &want, &format!("{file} capped, no read-ahead"));
+        let stats = plain.profiler().experts();
+        assert_eq!((stats.ahead_used, stats.ahead_wasted), (0, 0), "{file}");
         for policy in [ExpertPolicy::Lru, ExpertPolicy::Lfu] {
             let path =
                 common::synthetic::synthetic_model(file, &fixtures(), "gen_synthetic_moe.py")
@@ -286,6 +302,12 @@ fn capped_experts_come_through_the_cache_bit_for_bit() {
                 100.0 * second.hit_rate()
             );
             assert!(first.misses > 0 && held <= budget);
+            // Each layer predicted the next one's experts and read them
+            // ahead; some of those reads were the router's choices.
+            assert!(
+                first.ahead_used > 0 && first.ahead_used <= first.misses,
+                "{file}: experts read ahead and used ({first:?})"
+            );
             assert_eq!(
                 first.hits + first.misses,
                 second.hits + second.misses,

@@ -56,6 +56,9 @@ impl Architecture for GptOss {
     fn aliases(&self) -> &'static [&'static str] {
         &["gpt_oss"]
     }
+    fn ffn_norm(&self) -> Role {
+        Role::PostAttnNorm
+    }
     fn config_from_gguf(&self, keys: &GgufKeys) -> Result<ModelConfig> {
         config_from_gguf(keys)
     }
@@ -122,7 +125,7 @@ impl Architecture for GptOss {
             q_norm: None,
             k_norm: None,
             post_attn_norm: None,
-            ffn: Ffn::from_layer(cfg, il, t, Role::PostAttnNorm)?,
+            ffn: Ffn::from_layer(cfg, il, t, GptOss.ffn_norm())?,
         };
         decoder::forward_layer(
             cfg, plan, &w, hidden, positions, segments, kernels, scratch, observer,

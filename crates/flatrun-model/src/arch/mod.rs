@@ -110,6 +110,12 @@ pub trait Architecture: Send + Sync {
         let _ = (cfg, il);
         MemoryKind::Kv
     }
+    /// The norm in front of the FFN (and of a mixture-of-experts layer's
+    /// router): `ffn_norm`, or `post_attention_norm` where the family names
+    /// it so.
+    fn ffn_norm(&self) -> Role {
+        Role::FfnNorm
+    }
     /// The constants of layer `il` (RoPE, attention), computed once at load;
     /// `freq_factors` is the `rope_freqs` tensor.
     fn layer_plan(&self, cfg: &ModelConfig, il: usize, freq_factors: Option<&[f32]>) -> LayerPlan {

@@ -570,6 +570,8 @@ pub(crate) fn moe_block(
         s.routing.route(moe, logits, n);
         Ok(())
     })?;
+    // (a streaming backend starts reading the chosen experts now)
+    kernels.routed(hidden, &s.routing.union());
 
     let ys = grow(&mut s.ys, n * k * d);
     if n == 1 {

@@ -225,6 +225,9 @@ impl Architecture for Qwen35Moe {
     fn layer_memory(&self, cfg: &ModelConfig, il: usize) -> MemoryKind {
         qwen35::Qwen35.layer_memory(cfg, il)
     }
+    fn ffn_norm(&self) -> Role {
+        qwen35::Qwen35.ffn_norm()
+    }
     fn forward_layer(
         &self,
         cfg: &ModelConfig,

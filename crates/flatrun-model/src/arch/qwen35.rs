@@ -63,6 +63,10 @@ impl Architecture for Qwen35 {
         roles.extend(ffn_roles(cfg));
         roles
     }
+    /// GGUF `post_attention_norm`: the norm in front of the FFN.
+    fn ffn_norm(&self) -> Role {
+        Role::PostAttnNorm
+    }
     fn layer_memory(&self, cfg: &ModelConfig, il: usize) -> MemoryKind {
         if cfg.is_recurrent(il) {
             MemoryKind::Recurrent
@@ -219,8 +223,7 @@ pub fn forward_layer(
     let (d, ff, eps, offset) = (cfg.n_embd, cfg.n_ff, cfg.rms_eps, cfg.norm_weight_offset);
     check_hidden(cfg, layer, hidden, n)?;
     let attn_norm = require_vector(t, layer, Role::AttnNorm)?;
-    // GGUF `post_attention_norm`: the norm in front of the FFN.
-    let ffn = Ffn::from_layer(cfg, layer, t, Role::PostAttnNorm)?;
+    let ffn = Ffn::from_layer(cfg, layer, t, Qwen35.ffn_norm())?;
     scratch.reserve(cfg, n);
     let LayerScratch {
         xb,

@@ -12,8 +12,16 @@
 //! often since load. Under `Lfu` an expert that was used less often than
 //! every cached one is not cached at all (a cold expert does not push out a
 //! hot one).
+//!
+//! Beside the kept experts, the cache holds the reads started **ahead**:
+//! the experts a prediction of the next layer's router named while this
+//! layer ran (`ChunkedKernels::routed`). When that layer routes, an expert
+//! read ahead is taken from here (its I/O overlapped the previous layer's
+//! compute); what the router did not choose is dropped when the layer is
+//! done.
 
 use super::OnDemand;
+use super::readers::PendingRead;
 use crate::options::ExpertPolicy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +51,8 @@ pub(crate) struct ExpertCache {
     budget: u64,
     policy: ExpertPolicy,
     state: Mutex<State>,
+    /// Reads started ahead of their layer's router.
+    ahead: Mutex<HashMap<ExpertKey, Arc<PendingRead>>>,
 }
 
 impl ExpertCache {
@@ -51,7 +61,38 @@ impl ExpertCache {
             budget,
             policy,
             state: Mutex::new(State::default()),
+            ahead: Mutex::new(HashMap::new()),
         }
+    }
+
+    fn lock_ahead(&self) -> MutexGuard<'_, HashMap<ExpertKey, Arc<PendingRead>>> {
+        self.ahead.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether expert `key` is cached or read ahead already (not counted
+    /// as a use).
+    pub(crate) fn has(&self, key: ExpertKey) -> bool {
+        (self.budget > 0 && self.lock().entries.contains_key(&key))
+            || self.lock_ahead().contains_key(&key)
+    }
+
+    /// Keep `read`, started before expert `key`'s layer routed.
+    pub(crate) fn put_ahead(&self, key: ExpertKey, read: Arc<PendingRead>) {
+        self.lock_ahead().insert(key, read);
+    }
+
+    /// The read of expert `key` started ahead, if there is one.
+    pub(crate) fn take_ahead(&self, key: ExpertKey) -> Option<Arc<PendingRead>> {
+        self.lock_ahead().remove(&key)
+    }
+
+    /// Drop the reads started ahead for layers other than `keep`: their
+    /// layer ran without them. Returns how many were dropped.
+    pub(crate) fn drop_ahead_except(&self, keep: usize) -> u64 {
+        let mut ahead = self.lock_ahead();
+        let before = ahead.len();
+        ahead.retain(|(layer, _), _| *layer == keep);
+        (before - ahead.len()) as u64
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

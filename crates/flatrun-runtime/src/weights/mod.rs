@@ -34,7 +34,7 @@
 //! A mixture-of-experts layer's routed experts are not part of any item
 //! unless the whole model is kept: the router's choice is known only once
 //! it ran, so each chosen expert (all its projections) is read then, in one
-//! request outside the schedule ([`WeightEngine::read_now`]), and offered to
+//! request outside the schedule ([`WeightEngine::read_later`]), and offered to
 //! the expert cache (`experts.rs`), which keeps the experts used most
 //! within what the cap leaves.
 
@@ -42,6 +42,7 @@ pub(crate) mod buffer;
 pub(crate) mod experts;
 pub(crate) mod kernels;
 pub(crate) mod plan;
+pub(crate) mod readers;
 mod source;
 
 pub(crate) use plan::{LayerLayout, WeightPlan};
@@ -49,10 +50,11 @@ pub(crate) use source::CachePolicy;
 
 use buffer::AlignedBuffer;
 use flatrun_format::StorageBackend;
+use readers::{PendingRead, Readers};
 use source::{DIRECT_ALIGN, ReadFile};
 use std::ops::Range;
 use std::path::PathBuf;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::thread::JoinHandle;
 
 /// One byte span of a checkpoint file.
@@ -318,6 +320,10 @@ pub(crate) struct WeightEngine {
     policy: CachePolicy,
     buffer_bytes: usize,
     worker: Option<JoinHandle<()>>,
+    /// The checkpoint's files, for the background readers.
+    paths: Vec<PathBuf>,
+    /// Background readers of routed experts, started on first use.
+    readers: OnceLock<Readers>,
     /// Keeps the mapping that `kept` points into alive.
     _backend: Arc<dyn StorageBackend>,
 }
@@ -380,6 +386,8 @@ impl WeightEngine {
             policy,
             buffer_bytes,
             worker,
+            paths,
+            readers: OnceLock::new(),
             _backend: backend,
         }
     }
@@ -429,49 +437,13 @@ impl WeightEngine {
         self.files[0].lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Read each of `reads` (spans of one expert, say) now, outside the
-    /// schedule, into buffers of their own, several at once: a disk
-    /// serves concurrent requests faster than one after another.
-    pub(crate) fn read_now_many(&self, reads: &[Vec<Span>]) -> Vec<Result<OnDemand, FetchError>> {
-        if reads.len() <= 1 {
-            return reads.iter().map(|spans| self.read_now(spans)).collect();
-        }
-        let lanes = ON_DEMAND_READERS.min(reads.len());
-        let mut out: Vec<Option<Result<OnDemand, FetchError>>> =
-            (0..reads.len()).map(|_| None).collect();
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..lanes)
-                .map(|lane| {
-                    scope.spawn(move || {
-                        (lane..reads.len())
-                            .step_by(lanes)
-                            .map(|i| (i, self.read_now(&reads[i])))
-                            .collect::<Vec<_>>()
-                    })
-                })
-                .collect();
-            for h in handles {
-                if let Ok(done) = h.join() {
-                    done.into_iter().for_each(|(i, r)| out[i] = Some(r));
-                }
-            }
-        });
-        out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(FetchError("an expert read panicked".into()))))
-            .collect()
-    }
-
-    /// Read `spans` now, outside the schedule, into a buffer of their own
-    /// (the rows of the experts a router chose: known only once it ran).
-    pub(crate) fn read_now(&self, spans: &[Span]) -> Result<OnDemand, FetchError> {
-        let buffer = AlignedBuffer::new(buffer_bytes(spans))
-            .ok_or_else(|| FetchError("cannot allocate a read buffer".into()))?;
-        let mut files = self.reader();
-        let fetched = files.read(spans, buffer);
-        match fetched.error.clone() {
-            Some(e) => Err(FetchError(e)),
-            None => Ok(OnDemand { fetched }),
-        }
+    /// Ask for `spans` (one expert's rows, say) to be read outside the
+    /// schedule, in the background, after every request asked for before;
+    /// wait on the handle when the bytes are needed.
+    pub(crate) fn read_later(&self, spans: Vec<Span>) -> Arc<PendingRead> {
+        self.readers
+            .get_or_init(|| Readers::start(&self.paths, self.policy, ON_DEMAND_READERS))
+            .submit(spans)
     }
 
     /// Take streamed item `item`: wait while the thread reads it (or an item

@@ -45,6 +45,18 @@ pub(crate) enum LayerLayout {
     },
 }
 
+impl LayerLayout {
+    /// The routed experts read once routed (none for a skipped layer).
+    pub(crate) fn experts(&self) -> &[ExpertMatrix] {
+        match self {
+            LayerLayout::Kept { experts, .. }
+            | LayerLayout::Whole { experts, .. }
+            | LayerLayout::Chunked { experts, .. } => experts,
+            LayerLayout::Skipped => &[],
+        }
+    }
+}
+
 /// A matrix of routed experts (a stack of them, or one expert's), read by
 /// an expert's rows on demand.
 #[derive(Debug)]
