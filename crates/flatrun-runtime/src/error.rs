@@ -31,6 +31,13 @@ pub enum RuntimeError {
         new: usize,
         capacity: usize,
     },
+    /// A context shift that asks for more positions than the sequence has.
+    #[error("context shift: keeping {keep} and dropping {dropped} of a sequence of {len} tokens")]
+    Shift {
+        keep: usize,
+        dropped: usize,
+        len: usize,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary of {vocab} tokens")]
     BadToken { id: u32, vocab: usize },

@@ -12,7 +12,7 @@
 //! ```
 
 use crate::error::{Result, RuntimeError};
-use crate::kv_cache::{KvBacking, KvCache, KvLayout};
+use crate::kv_cache::{KvBacking, KvCache, KvLayout, ShiftRefusal};
 use crate::layer_range::LayerSelection;
 use crate::layer_vectors::{LayerVectorStore, LayerView, split_experts};
 use crate::memory;
@@ -118,6 +118,17 @@ impl Sequence {
             self.recurrent = state;
         }
     }
+}
+
+/// What [`StreamingExecutor::shift_sequence`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvShift {
+    /// The cache was shifted in place: the sequence goes on at position
+    /// `len − dropped`.
+    Rotated,
+    /// Nothing changed: the caller computes the kept tokens again (a fresh
+    /// or forked sequence fed them at their new positions), for this reason.
+    Recompute(ShiftRefusal),
 }
 
 /// A saved point of a [`Sequence`] (see [`Sequence::checkpoint`]).
@@ -542,6 +553,37 @@ impl StreamingExecutor {
         }
         seq.tokens.extend_from_slice(&src.tokens[..len]);
         Some(seq)
+    }
+
+    /// Context shift of `seq`, as llama.cpp's: its first `keep` tokens
+    /// stay, the `dropped` after them go, and the later ones move down by
+    /// `dropped` positions, their cached keys re-rotated in place (RoPE of
+    /// −dropped with each layer's own settings) instead of computed again.
+    /// [`KvShift::Recompute`] (and `seq` unchanged) when that cannot be done:
+    /// a hybrid model's recurrent state, or a sliding-window ring that no
+    /// longer holds what its window would need.
+    pub fn shift_sequence(
+        &self,
+        seq: &mut Sequence,
+        keep: usize,
+        dropped: usize,
+    ) -> Result<KvShift> {
+        let len = seq.len();
+        if keep.checked_add(dropped).is_none_or(|end| end > len) {
+            return Err(RuntimeError::Shift { keep, dropped, len });
+        }
+        let recurrent = (0..self.cfg.n_layer).any(|il| self.cfg.is_recurrent(il));
+        if recurrent || seq.recurrent.is_used() {
+            return Ok(KvShift::Recompute(ShiftRefusal::Recurrent));
+        }
+        if dropped == 0 {
+            return Ok(KvShift::Rotated);
+        }
+        if let Some(refusal) = seq.kv.shift(keep, dropped, len, &self.plans)? {
+            return Ok(KvShift::Recompute(refusal));
+        }
+        seq.tokens.drain(keep..keep + dropped);
+        Ok(KvShift::Rotated)
     }
 
     /// Bytes of the model file resident in the page cache (`mincore`), and

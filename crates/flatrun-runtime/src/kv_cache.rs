@@ -16,8 +16,8 @@
 
 use crate::options::KvType;
 use flatrun_format::GgmlType;
-use flatrun_kernels::ops::KvSlice;
-use flatrun_model::arch::{KvRotation, LayerKv, MemoryKind};
+use flatrun_kernels::ops::{self, KvSlice};
+use flatrun_model::arch::{KvRotation, LayerKv, LayerPlan, MemoryKind};
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
 use std::path::{Path, PathBuf};
@@ -174,6 +174,86 @@ impl KvStore {
         self.bytes.as_bytes_mut()[kind.bytes(slot * dim)..kind.bytes((slot + 1) * dim)]
             .copy_from_slice(from);
     }
+    /// The `out.len() / dim` rows from `slot` on, as f32 (dequantized).
+    fn read_rows(&self, slot: usize, dim: usize, out: &mut [f32]) -> Result<(), String> {
+        let kind = self.kind;
+        let n = out.len();
+        let bytes = &self.bytes.as_bytes()[kind.bytes(slot * dim)..kind.bytes(slot * dim + n)];
+        match kind {
+            KvType::F16 => {
+                let src: &[f16] = bytemuck::cast_slice(bytes);
+                for (dst, &src) in out.iter_mut().zip(src) {
+                    *dst = src.to_f32();
+                }
+            }
+            KvType::F32 => out.copy_from_slice(bytemuck::cast_slice(bytes)),
+            KvType::Q8_0 | KvType::Q4_0 => {
+                let ty = Self::block_type(kind).unwrap_or(GgmlType::Q8_0);
+                flatrun_dequant::dequantize(ty, bytes, out)
+                    .map_err(|e| format!("dequantizing {kind} rows: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+    /// Writes the `rows.len() / dim` rows of `rows` from `slot` on.
+    fn write_rows(&mut self, slot: usize, dim: usize, rows: &[f32]) -> Result<(), String> {
+        for (i, row) in rows.chunks_exact(dim).enumerate() {
+            self.write_row(slot + i, dim, row)?;
+        }
+        Ok(())
+    }
+    /// The bytes of the `n` rows from `slot` on.
+    fn row_bytes(&self, slot: usize, n: usize, dim: usize) -> &[u8] {
+        let kind = self.kind;
+        &self.bytes.as_bytes()[kind.bytes(slot * dim)..kind.bytes((slot + n) * dim)]
+    }
+    /// Overwrites the rows from `slot` on with `bytes` (whole rows).
+    fn put_row_bytes(&mut self, slot: usize, dim: usize, bytes: &[u8]) {
+        let start = self.kind.bytes(slot * dim);
+        self.bytes.as_bytes_mut()[start..start + bytes.len()].copy_from_slice(bytes);
+    }
+    /// Moves the `n` rows from `from` to `to` (the ranges may overlap).
+    fn move_rows(&mut self, from: usize, to: usize, n: usize, dim: usize) {
+        let kind = self.kind;
+        let src = kind.bytes(from * dim)..kind.bytes((from + n) * dim);
+        self.bytes
+            .as_bytes_mut()
+            .copy_within(src, kind.bytes(to * dim));
+    }
+}
+
+/// Rows of keys a context shift re-rotates at once (its f32 buffer).
+const SHIFT_ROWS: usize = 256;
+
+/// Why a context shift cannot re-rotate a sequence's cache in place (the
+/// caller then computes the kept tokens again).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShiftRefusal {
+    /// A hybrid model's recurrent state sums up every token: it cannot lose
+    /// some of them.
+    Recurrent,
+    /// A sliding-window ring no longer holds a position the window needs
+    /// once the positions move down (the kept prefix, overwritten long ago).
+    RingLost { layer: usize },
+    /// A position to keep is not in the cache any more.
+    Missing { layer: usize, position: usize },
+}
+
+impl std::fmt::Display for ShiftRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShiftRefusal::Recurrent => write!(f, "recurrent state"),
+            ShiftRefusal::RingLost { layer } => {
+                write!(
+                    f,
+                    "layer {layer}: the sliding-window ring lost a needed position"
+                )
+            }
+            ShiftRefusal::Missing { layer, position } => {
+                write!(f, "layer {layer}: position {position} is not cached")
+            }
+        }
+    }
 }
 
 /// The cache of one layer of one sequence.
@@ -254,6 +334,144 @@ impl LayerKvCache {
             self.high_water = self.high_water.max(slot + 1);
         }
         true
+    }
+
+    /// The positions a shift of a `len`-token sequence keeps (old
+    /// position, new position), those it re-rotates last; a ring keeps
+    /// only what it can still hold.
+    fn shift_moves(&self, keep: usize, dropped: usize, len: usize) -> Vec<(usize, usize)> {
+        let new_len = len - dropped;
+        let first = if self.ring {
+            new_len.saturating_sub(self.slots)
+        } else {
+            0
+        };
+        (first..new_len)
+            .map(|p| (if p < keep { p } else { p + dropped }, p))
+            .collect()
+    }
+
+    /// Why this layer cannot be shifted in place, if it cannot: a position
+    /// attention will need afterwards is not held.
+    fn shift_refusal(&self, keep: usize, dropped: usize, len: usize) -> Option<ShiftRefusal> {
+        let new_len = len - dropped;
+        // What the next positions attend to: all of them, or the window.
+        let needed = self.window.map_or(0, |w| new_len.saturating_sub(w));
+        for (old, new) in self.shift_moves(keep, dropped, len) {
+            if self.slot_of(old).is_none() && (new >= needed || !self.ring) {
+                return Some(if self.ring {
+                    ShiftRefusal::RingLost { layer: self.layer }
+                } else {
+                    ShiftRefusal::Missing {
+                        layer: self.layer,
+                        position: old,
+                    }
+                });
+            }
+        }
+        None
+    }
+
+    /// Context shift of a sequence of `len` positions: positions
+    /// `keep..keep + dropped` go, later ones move down by `dropped` (their
+    /// slots too), each moved key row re-rotated by RoPE of −dropped; values
+    /// only move. Quantized keys are dequantized, the Hadamard rotation
+    /// undone, rotated, the Hadamard redone and quantized again. `buf` is
+    /// scratch. Check [`Self::shift_refusal`] first.
+    fn shift(
+        &mut self,
+        keep: usize,
+        dropped: usize,
+        len: usize,
+        plan: &LayerPlan,
+        buf: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        if self.slots == 0 || dropped == 0 {
+            return Ok(());
+        }
+        let dim = self.kv_dim;
+        let layer = self.layer;
+        let kernel = move |what| ModelError::Kernel {
+            layer,
+            op: "kv cache shift",
+            what,
+        };
+        let (n_kv_head, head_dim) = (plan.attn.n_kv_head, plan.attn.head_dim);
+        let hadamard = self.rotation.keys;
+        // k = H·rope(H·k, −dropped): H undoes itself, rope moves the angle.
+        let rerotate = |rows: &mut [f32]| {
+            if let Some(n) = hadamard {
+                ops::hadamard(rows, n);
+            }
+            ops::rope_shift(rows, n_kv_head, head_dim, -(dropped as i64), &plan.rope);
+            if let Some(n) = hadamard {
+                ops::hadamard(rows, n);
+            }
+        };
+        let new_len = len - dropped;
+        if !self.ring {
+            // slot == position: rows move down in place, a block at a time
+            // (a row is read before any row lands on it).
+            let from = keep + dropped;
+            let moved = len - from;
+            self.values.move_rows(from, keep, moved, dim);
+            buf.resize(SHIFT_ROWS.min(moved.max(1)) * dim, 0.0);
+            for start in (from..len).step_by(SHIFT_ROWS) {
+                let rows = &mut buf[..SHIFT_ROWS.min(len - start) * dim];
+                self.keys.read_rows(start, dim, rows).map_err(kernel)?;
+                rerotate(rows);
+                self.keys
+                    .write_rows(start - dropped, dim, rows)
+                    .map_err(kernel)?;
+            }
+            for (slot, p) in self.slot_pos.iter_mut().enumerate().skip(keep) {
+                *p = if slot < new_len { slot } else { usize::MAX };
+            }
+            self.high_water = self.high_water.min(new_len);
+            return Ok(());
+        }
+        // A ring: slot = position % slots, so every kept row changes slot.
+        // Gather them (moved keys as f32, the rest as bytes), then scatter.
+        let moves: Vec<(usize, usize, usize)> = self
+            .shift_moves(keep, dropped, len)
+            .into_iter()
+            .filter_map(|(old, new)| self.slot_of(old).map(|slot| (slot, old, new)))
+            .collect();
+        let moved = moves.iter().filter(|&&(_, old, new)| old != new).count();
+        buf.resize(moved * dim, 0.0);
+        let mut key_bytes = Vec::new();
+        let mut value_bytes = Vec::with_capacity(self.values.kind.bytes(moves.len() * dim));
+        let mut next = 0;
+        for &(slot, old, new) in &moves {
+            if old != new {
+                let row = &mut buf[next * dim..(next + 1) * dim];
+                self.keys.read_rows(slot, dim, row).map_err(kernel)?;
+                next += 1;
+            } else {
+                key_bytes.extend_from_slice(self.keys.row_bytes(slot, 1, dim));
+            }
+            value_bytes.extend_from_slice(self.values.row_bytes(slot, 1, dim));
+        }
+        rerotate(&mut buf[..moved * dim]);
+        self.slot_pos.fill(usize::MAX);
+        let (key_row, value_row) = (self.keys.kind.bytes(dim), self.values.kind.bytes(dim));
+        let (mut next, mut unmoved) = (0, 0);
+        for (i, &(_, old, new)) in moves.iter().enumerate() {
+            let slot = new % self.slots;
+            if old != new {
+                let row = &buf[next * dim..(next + 1) * dim];
+                self.keys.write_row(slot, dim, row).map_err(kernel)?;
+                next += 1;
+            } else {
+                let bytes = &key_bytes[unmoved * key_row..(unmoved + 1) * key_row];
+                self.keys.put_row_bytes(slot, dim, bytes);
+                unmoved += 1;
+            }
+            let bytes = &value_bytes[i * value_row..(i + 1) * value_row];
+            self.values.put_row_bytes(slot, dim, bytes);
+            self.slot_pos[slot] = new;
+        }
+        Ok(())
     }
 
     /// Bytes of the written slots of keys and values.
@@ -500,6 +718,33 @@ impl KvCache {
         }
     }
 
+    /// Context shift of a sequence of `len` positions (see
+    /// [`LayerKvCache`]'s): every layer, or none when one cannot (then
+    /// nothing changed and the refusal says why). `plans` are the layers'
+    /// RoPE settings.
+    pub fn shift(
+        &mut self,
+        keep: usize,
+        dropped: usize,
+        len: usize,
+        plans: &[LayerPlan],
+    ) -> Result<Option<ShiftRefusal>, ModelError> {
+        debug_assert!(keep + dropped <= len && len <= self.capacity);
+        if let Some(refusal) = self
+            .layers
+            .iter()
+            .filter(|l| l.slots > 0)
+            .find_map(|l| l.shift_refusal(keep, dropped, len))
+        {
+            return Ok(Some(refusal));
+        }
+        let mut buf = Vec::new();
+        for (layer, plan) in self.layers.iter_mut().zip(plans) {
+            layer.shift(keep, dropped, len, plan, &mut buf)?;
+        }
+        Ok(None)
+    }
+
     /// Bytes of the slots written so far (what the cache really occupies:
     /// the rest of its mapping was never touched).
     pub fn used_bytes(&self) -> usize {
@@ -552,5 +797,214 @@ impl KvCache {
             matches!(l.keys.bytes, Bytes::Mapped { file: true, .. })
                 || matches!(l.values.bytes, Bytes::Mapped { file: true, .. })
         })
+    }
+}
+
+#[cfg(test)]
+mod shift_tests {
+    use super::*;
+    use flatrun_kernels::ops::{AttnConfig, RopeConfig, RopeLayout, RopeScaling};
+
+    const HEAD_DIM: usize = 64;
+    const N_KV_HEAD: usize = 2;
+    const DIM: usize = HEAD_DIM * N_KV_HEAD;
+
+    fn plan(layout: RopeLayout, n_rot: usize, window: Option<usize>) -> LayerPlan {
+        LayerPlan {
+            index: 0,
+            rope: RopeConfig {
+                layout,
+                n_rot,
+                theta_base: 10000.0,
+                scaling: RopeScaling::None,
+                freq_factors: None,
+            },
+            attn: AttnConfig {
+                n_head: N_KV_HEAD,
+                n_kv_head: N_KV_HEAD,
+                head_dim: HEAD_DIM,
+                scale: 1.0,
+                window,
+                softcap: None,
+            },
+            q_scale: None,
+            qk_halves_to_pairs: false,
+        }
+    }
+
+    fn layer(kind: KvType, slots: usize, ring: bool, window: Option<usize>) -> LayerKvCache {
+        let store = |kind: KvType| KvStore {
+            kind,
+            len: slots * DIM,
+            bytes: Bytes::anonymous(kind.bytes(slots * DIM)),
+        };
+        LayerKvCache {
+            layer: 0,
+            kv_dim: DIM,
+            slots,
+            ring,
+            window,
+            max_position: 4096,
+            keys: store(kind),
+            values: store(kind),
+            slot_pos: vec![usize::MAX; slots],
+            high_water: 0,
+            rotation: KvRotation::for_cache(HEAD_DIM, kind.is_block(), kind.is_block()),
+        }
+    }
+
+    /// The unrotated key of token `t` (its value is the same row).
+    fn raw(t: usize) -> Vec<f32> {
+        (0..DIM)
+            .map(|i| (((i * 31 + t * 97) % 201) as f32 / 100.0) - 1.0)
+            .collect()
+    }
+
+    /// The row the decoder writes for token `t` at `pos`: rope, then H.
+    fn key(t: usize, pos: usize, plan: &LayerPlan, rot: KvRotation) -> Vec<f32> {
+        let mut k = raw(t);
+        ops::rope(&mut k, N_KV_HEAD, HEAD_DIM, &[pos], &plan.rope);
+        if let Some(n) = rot.keys {
+            ops::hadamard(&mut k, n);
+        }
+        k
+    }
+
+    fn value(t: usize, rot: KvRotation) -> Vec<f32> {
+        let mut v = raw(t + 1000);
+        if let Some(n) = rot.values {
+            ops::hadamard(&mut v, n);
+        }
+        v
+    }
+
+    /// The f32 row of `store` in `slot`.
+    fn row(store: &KvStore, slot: usize) -> Vec<f32> {
+        let mut out = vec![0.0; DIM];
+        store.read_rows(slot, DIM, &mut out).unwrap();
+        out
+    }
+
+    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max)
+    }
+
+    /// Writes `len` tokens, shifts, and checks every kept position holds
+    /// the key written directly at its new position (within `tol`) and its
+    /// value unchanged.
+    fn check(kind: KvType, layout: RopeLayout, n_rot: usize, ring: Option<usize>, tol: f32) {
+        let (len, keep, dropped) = (300, 5, 120);
+        let window = ring.map(|_| 128);
+        let slots = ring.unwrap_or(512);
+        let plan = plan(layout, n_rot, window);
+        let mut l = layer(kind, slots, ring.is_some(), window);
+        let rot = l.rotation;
+        for pos in 0..len {
+            l.write(&[pos], &key(pos, pos, &plan, rot), &value(pos, rot))
+                .unwrap();
+        }
+        assert_eq!(l.shift_refusal(keep, dropped, len), None);
+        let mut buf = Vec::new();
+        l.shift(keep, dropped, len, &plan, &mut buf).unwrap();
+        let new_len = len - dropped;
+        let first = if ring.is_some() {
+            new_len - window.unwrap()
+        } else {
+            0
+        };
+        let mut worst = 0f32;
+        for new in first..new_len {
+            let t = if new < keep { new } else { new + dropped };
+            let slot = l.slot_of(new).unwrap_or_else(|| panic!("{new} not held"));
+            let want = key(t, new, &plan, rot);
+            // Quantized rows are compared with what quantizing the direct
+            // row gives: the shift adds one requantization's error.
+            let mut direct = layer(kind, 1, false, None);
+            direct.write(&[0], &want, &want).unwrap();
+            worst = worst.max(max_diff(&row(&l.keys, slot), &row(&direct.keys, 0)));
+            let mut v = layer(kind, 1, false, None);
+            v.write(&[0], &value(t, rot), &value(t, rot)).unwrap();
+            assert_eq!(row(&l.values, slot), row(&v.values, 0), "value of {new}");
+        }
+        assert!(
+            worst <= tol,
+            "{kind} {layout:?} n_rot {n_rot} ring {ring:?}: keys off by {worst}"
+        );
+        // Nothing past the new end, and later writes go on from there.
+        assert!(l.slot_of(new_len).is_none());
+        if ring.is_none() {
+            assert_eq!(l.slot_positions().len(), new_len);
+        }
+        assert!(
+            l.slot_positions()
+                .iter()
+                .all(|&p| p == usize::MAX || p < new_len)
+        );
+    }
+
+    #[test]
+    fn shifted_keys_equal_keys_written_at_the_new_positions() {
+        for layout in [RopeLayout::Normal, RopeLayout::Neox] {
+            for n_rot in [HEAD_DIM, HEAD_DIM / 2] {
+                check(KvType::F32, layout, n_rot, None, 1e-4);
+                check(KvType::F16, layout, n_rot, None, 2e-3);
+                check(KvType::Q8_0, layout, n_rot, None, 5e-2);
+                check(KvType::Q4_0, layout, n_rot, None, 0.5);
+            }
+        }
+    }
+
+    #[test]
+    fn a_ring_moves_its_rows_to_their_new_slots() {
+        for kind in [KvType::F32, KvType::Q8_0] {
+            let tol = if kind == KvType::F32 { 1e-4 } else { 5e-2 };
+            check(kind, RopeLayout::Neox, HEAD_DIM, Some(192), tol);
+        }
+    }
+
+    #[test]
+    fn two_shifts_equal_one_by_their_sum() {
+        for kind in [KvType::F32, KvType::F16] {
+            let plan = plan(RopeLayout::Neox, HEAD_DIM, None);
+            let fill = || {
+                let mut l = layer(kind, 512, false, None);
+                for pos in 0..300 {
+                    let rot = l.rotation;
+                    l.write(&[pos], &key(pos, pos, &plan, rot), &value(pos, rot))
+                        .unwrap();
+                }
+                l
+            };
+            let (mut twice, mut once, mut buf) = (fill(), fill(), Vec::new());
+            twice.shift(6, 40, 300, &plan, &mut buf).unwrap();
+            twice.shift(6, 70, 260, &plan, &mut buf).unwrap();
+            once.shift(6, 110, 300, &plan, &mut buf).unwrap();
+            assert_eq!(twice.slot_positions(), once.slot_positions());
+            let mut worst = 0f32;
+            for slot in 0..190 {
+                worst = worst.max(max_diff(&row(&twice.keys, slot), &row(&once.keys, slot)));
+                assert_eq!(row(&twice.values, slot), row(&once.values, slot));
+            }
+            eprintln!("{kind}: twice vs once {worst:e}");
+            assert!(worst < 2e-3, "{kind}: {worst}");
+        }
+    }
+
+    #[test]
+    fn a_ring_that_lost_the_kept_prefix_refuses() {
+        let mut l = layer(KvType::F16, 192, true, Some(128));
+        for pos in 0..300 {
+            l.write(&[pos], &raw(pos), &raw(pos)).unwrap();
+        }
+        // After dropping 200 the window reaches back to the kept prefix,
+        // overwritten long ago.
+        assert_eq!(
+            l.shift_refusal(5, 200, 300),
+            Some(ShiftRefusal::RingLost { layer: 0 })
+        );
+        assert_eq!(l.shift_refusal(5, 100, 300), None);
     }
 }

@@ -48,7 +48,7 @@ mod weights_override;
 
 // Loading and running a model.
 pub use error::{Result, RuntimeError};
-pub use executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
+pub use executor::{KvShift, Sequence, StepOptions, StepOutput, StreamingExecutor};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{MemoryPlanner, Model, Session, default_residency};
 pub use options::{
@@ -58,7 +58,7 @@ pub use options::{
 pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
-pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache};
+pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache, ShiftRefusal};
 pub use layer_range::LayerSelection;
 pub use profiler::{ExpertStats, LayerTimes, MemorySample, Profiler};
 pub use residency::{FALLBACK_CONTEXT, MemoryPlan, ResidencyPlan, context_size};

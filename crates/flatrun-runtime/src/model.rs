@@ -3,7 +3,7 @@
 //! [`StreamingExecutor`]; [`Session`] gives step-level access.
 
 use crate::error::{Result, RuntimeError};
-use crate::executor::{Sequence, StepOptions, StepOutput, StreamingExecutor};
+use crate::executor::{KvShift, Sequence, StepOptions, StepOutput, StreamingExecutor};
 use crate::generate::{GenerateOptions, Generation, Prompt};
 use crate::options::{ContextOverflow, LoadOptions, Residency};
 use crate::profiler::Profiler;
@@ -259,6 +259,15 @@ impl Model {
     /// A new, empty sequence.
     pub fn new_sequence(&self) -> Sequence {
         self.executor.new_sequence()
+    }
+
+    /// Context shift of `seq`: keep its first `keep` tokens, drop the
+    /// `dropped` after them and move the rest down, re-rotating their cached
+    /// keys ([`StreamingExecutor::shift_sequence`]). [`KvShift::Recompute`]
+    /// when this model or sequence cannot (`seq` is then unchanged);
+    /// [`RuntimeError::Shift`] when `keep + dropped` exceeds its length.
+    pub fn shift(&self, seq: &mut Sequence, keep: usize, dropped: usize) -> Result<KvShift> {
+        self.executor.shift_sequence(seq, keep, dropped)
     }
 
     /// Step-level access with a fresh sequence.

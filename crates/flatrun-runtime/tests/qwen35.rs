@@ -265,3 +265,29 @@ fn qwen35_decode_matches_prefill() {
         }
     }
 }
+
+/// A context shift cannot cut a recurrent state: the model asks for a
+/// recompute and leaves the sequence as it was.
+#[test]
+#[cfg_attr(debug_assertions, ignore = "needs a release build (--release)")]
+fn qwen35_shift_asks_for_recompute() {
+    let Some((mut model, fixture)) = setup(
+        "qwen35-synth-f16.gguf",
+        BackendKind::Native,
+        Residency::Resident,
+    ) else {
+        return;
+    };
+    let tokens = fixture.teacher_forced[0].tokens.clone();
+    let mut seq = model.new_sequence();
+    model
+        .executor_mut()
+        .step(&mut seq, &tokens, flatrun_runtime::StepOptions::default())
+        .expect("step");
+    let shifted = model.shift(&mut seq, 1, tokens.len() / 2).expect("shift");
+    assert_eq!(
+        shifted,
+        flatrun_runtime::KvShift::Recompute(flatrun_runtime::ShiftRefusal::Recurrent)
+    );
+    assert_eq!(seq.tokens(), &tokens[..]);
+}

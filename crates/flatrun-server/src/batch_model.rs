@@ -126,6 +126,16 @@ impl TokenTextStream for StreamDecoder<'_> {
     }
 }
 
+/// What [`BatchModel::shift`] did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Shifted {
+    /// The cache was shifted in place (its keys re-rotated).
+    Rotated,
+    /// Nothing changed, for this reason: the kept tokens must be computed
+    /// again.
+    Recompute(String),
+}
+
 /// The compute side of a model: owned by the scheduler thread.
 pub trait BatchModel: Send + 'static {
     /// Opens a new, empty sequence that will hold at most `positions`
@@ -155,6 +165,19 @@ pub trait BatchModel: Send + 'static {
     ) -> Option<Result<SeqId, ModelError>> {
         let _ = (source, len, positions);
         None
+    }
+    /// Context shift of `seq` in place: its first `keep` cached tokens
+    /// stay, the `dropped` after them go, and the later ones move down by
+    /// `dropped` positions with their KV (keys re-rotated to the new
+    /// positions), so that `seq` goes on as if it had computed the kept
+    /// tokens there. [`Shifted::Recompute`] (and `seq` unchanged) when this
+    /// model cannot: the scheduler then feeds the kept tokens to a new
+    /// sequence.
+    fn shift(&mut self, seq: SeqId, keep: usize, dropped: usize) -> Result<Shifted, ModelError> {
+        let _ = (seq, keep, dropped);
+        Ok(Shifted::Recompute(
+            "the model cannot shift a cache in place".into(),
+        ))
     }
     /// Bytes the KV cache of `seq` occupies (its written positions).
     fn kv_bytes(&self, seq: SeqId) -> u64 {

@@ -69,12 +69,12 @@ pub enum ContextOverflow {
     /// until the conversation fits (the newest turns are kept); a plain
     /// completion prompt loses its oldest tokens.
     TruncateMiddle,
-    /// Generate on past the end: when a sequence fills the context, the
-    /// oldest half of the tokens after the system prompt is dropped and
-    /// the rest is computed again at its new positions (as llama.cpp's
-    /// `--context-shift`, which rotates the cached keys instead). A prompt
-    /// longer than the context loses its oldest tokens after the system
-    /// prompt first.
+    /// Generate on past the end, as llama.cpp's `--context-shift`: when a
+    /// sequence fills the context, the oldest half of the tokens after the
+    /// system prompt is dropped and the rest moves down, its cached keys
+    /// re-rotated to their new positions (or, where the model cannot do
+    /// that, computed again there). A prompt longer than the context loses
+    /// its oldest tokens after the system prompt first.
     Shift,
 }
 

@@ -266,6 +266,10 @@ pub struct EngineStats {
     pub prompt_tokens_total: u64,
     /// Tokens generated since start.
     pub generated_tokens_total: u64,
+    /// Context shifts done in place (cached keys re-rotated), and those
+    /// that computed the kept tokens again.
+    pub context_shifts_rotated_total: u64,
+    pub context_shifts_recomputed_total: u64,
     /// Decode steps run since start (one pass through the layers each).
     pub steps_total: u64,
     /// Recent generation throughput over all sequences, tokens per second.

@@ -90,7 +90,7 @@ pub mod tool_defs;
 pub use api_error::{ApiError, ApiFlavor, ErrorKind};
 pub use args::ServeArgs;
 pub use batch_model::{
-    BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
+    BatchModel, ModelError, Residency, SeqId, Shifted, StepInput, TextModel, TokenTextStream,
 };
 pub use config::{ServerConfig, api_default_sampling};
 pub use engine::{

@@ -120,6 +120,21 @@ impl Metrics {
             &plain(stats.generated_tokens_total.to_string()),
         );
         metric(
+            "flatrun_context_shifts_total",
+            "counter",
+            "Context shifts (--context-overflow shift), by how: cached keys re-rotated in place, or the kept tokens computed again.",
+            &[
+                (
+                    "{how=\"rotated\"}".to_string(),
+                    stats.context_shifts_rotated_total.to_string(),
+                ),
+                (
+                    "{how=\"recomputed\"}".to_string(),
+                    stats.context_shifts_recomputed_total.to_string(),
+                ),
+            ],
+        );
+        metric(
             "flatrun_generated_tokens_per_second",
             "gauge",
             "Recent generation throughput over all sequences.",

@@ -32,10 +32,10 @@ use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::sampling::{TokenLogprobs, Vocabulary};
 use flatrun_model::tokenizer::StreamDecoder;
-use flatrun_runtime::{Model, RuntimeError, Sequence, StepOptions, Tokenizer};
+use flatrun_runtime::{KvShift, Model, RuntimeError, Sequence, StepOptions, Tokenizer};
 
 use crate::batch_model::{
-    BatchModel, ModelError, Residency, SeqId, StepInput, TextModel, TokenTextStream,
+    BatchModel, ModelError, Residency, SeqId, Shifted, StepInput, TextModel, TokenTextStream,
 };
 use crate::scheduler::{BatchEngine, SchedulerConfig};
 
@@ -276,6 +276,18 @@ impl BatchModel for RuntimeBatchModel {
         self.next_id += 1;
         self.sequences.insert(id, sequence);
         Some(Ok(id))
+    }
+
+    fn shift(&mut self, seq: SeqId, keep: usize, dropped: usize) -> Result<Shifted, ModelError> {
+        let sequence = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or_else(|| ModelError(format!("unknown sequence {seq:?}")))?;
+        match self.model.shift(sequence, keep, dropped) {
+            Ok(KvShift::Rotated) => Ok(Shifted::Rotated),
+            Ok(KvShift::Recompute(why)) => Ok(Shifted::Recompute(why.to_string())),
+            Err(e) => Err(ModelError(e.to_string())),
+        }
     }
 
     fn kv_bytes(&self, seq: SeqId) -> u64 {

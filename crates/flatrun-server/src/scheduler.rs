@@ -26,7 +26,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::batch_model::{BatchModel, ModelError, SeqId, StepInput, TextModel, TokenTextStream};
+use crate::batch_model::{
+    BatchModel, ModelError, SeqId, Shifted, StepInput, TextModel, TokenTextStream,
+};
 use crate::engine::{
     EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
     GenerationSink, GenerationStream, ScoreReceiver, Usage, generation_channel,
@@ -108,6 +110,9 @@ struct Shared {
     queued: AtomicUsize,
     prompt_tokens_total: AtomicU64,
     generated_tokens_total: AtomicU64,
+    /// Context shifts done in place (keys re-rotated) and by recomputing.
+    shifts_rotated: AtomicU64,
+    shifts_recomputed: AtomicU64,
     steps_total: AtomicU64,
     /// Requests that reused a cached or shared prefix, and the tokens reused.
     prefix_hits: AtomicU64,
@@ -334,6 +339,8 @@ impl Engine for BatchEngine {
             queued_requests: s.queued.load(Ordering::Relaxed),
             prompt_tokens_total: s.prompt_tokens_total.load(Ordering::Relaxed),
             generated_tokens_total: s.generated_tokens_total.load(Ordering::Relaxed),
+            context_shifts_rotated_total: s.shifts_rotated.load(Ordering::Relaxed),
+            context_shifts_recomputed_total: s.shifts_recomputed.load(Ordering::Relaxed),
             steps_total: s.steps_total.load(Ordering::Relaxed),
             generated_tokens_per_second: tokens_per_second,
             prefix_hits_total: s.prefix_hits.load(Ordering::Relaxed),
@@ -798,26 +805,60 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         }
     }
 
-    /// Context shift of the sequence at `index`, whose cache is full: keep
-    /// the first `keep` tokens (the system prompt) and the newer half of the
-    /// rest, prompt and answer alike. The kept prefix's KV is copied, the
-    /// newer tokens are fed again at their new positions (the following
-    /// steps read them like a prompt, then the answer goes on).
+    /// Context shift of the sequence at `index`, whose cache is full, as
+    /// llama-server's: of the cached tokens, keep the first `keep` (the
+    /// system prompt; at most half the context), drop half of the rest
+    /// (`n_discard = n_left / 2`) and move the newer half down. The model
+    /// does that in place when it can (re-rotating the cached keys); when it
+    /// cannot, the kept prefix's KV is copied and the newer tokens are fed
+    /// again at their new positions (the following steps read them like a
+    /// prompt). The answer then goes on with the last sampled token.
     fn shift(&mut self, index: usize) -> Result<(), ModelError> {
         let running = &self.active[index];
+        // The cached tokens, then the sampled one not fed yet.
         let all: Vec<u32> = running.feed[..running.prefilled]
             .iter()
             .chain(&running.generated[running.generated_in_feed..])
             .copied()
             .collect();
-        let keep = running.job.request.keep.min(all.len() / 2);
-        let dropped = (all.len() - keep) / 2;
+        let cached = running.evaluated_len().min(all.len().saturating_sub(1));
+        let keep = running
+            .job
+            .request
+            .keep
+            .min(all.len() / 2)
+            .min(cached.saturating_sub(1));
+        let dropped = ((cached - keep) / 2).max(1).min(cached - keep);
+        let (capacity, old) = (running.capacity, running.seq);
+        match self.model.shift(old, keep, dropped)? {
+            Shifted::Rotated => {
+                tracing::debug!(seq = old.0, keep, dropped, "context shift: keys re-rotated");
+                self.shared.shifts_rotated.fetch_add(1, Ordering::Relaxed);
+                let running = &mut self.active[index];
+                running.feed = all[..keep]
+                    .iter()
+                    .chain(&all[keep + dropped..cached])
+                    .copied()
+                    .collect();
+                running.prefilled = running.feed.len();
+                // Re-rotated keys differ (by rounding) from computed ones.
+                running.exact = running.exact.min(keep);
+                running.generated_in_feed = running.generated.len() - 1;
+                running.fed_generated = running.generated.len() - 1;
+                return Ok(());
+            }
+            Shifted::Recompute(why) => {
+                tracing::debug!(seq = old.0, keep, dropped, %why, "context shift: recomputing");
+            }
+        }
+        self.shared
+            .shifts_recomputed
+            .fetch_add(1, Ordering::Relaxed);
         let kept: Vec<u32> = all[..keep]
             .iter()
             .chain(&all[keep + dropped..])
             .copied()
             .collect();
-        let (capacity, old) = (running.capacity, running.seq);
         let forked = if keep > 0 && self.model.reuses_prefixes() {
             self.model.fork(old, keep, capacity).and_then(Result::ok)
         } else {
@@ -828,7 +869,6 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             None => (self.model.new_sequence(capacity)?, 0),
         };
         self.model.free(old);
-        tracing::debug!(seq = seq.0, keep, dropped, "context shift");
         let running = &mut self.active[index];
         running.seq = seq;
         running.feed = kept;

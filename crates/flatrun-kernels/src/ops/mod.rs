@@ -14,5 +14,5 @@ pub use attention::{AttnConfig, KvSlice, attention, attention_with_sinks};
 pub use elementwise::{add, scale};
 pub use hadamard::hadamard;
 pub use norm::{rms_norm, rms_norm_rows};
-pub use rope::{RopeConfig, RopeLayout, RopeScaling, llama3_freq_factors, rope};
+pub use rope::{RopeConfig, RopeLayout, RopeScaling, llama3_freq_factors, rope, rope_shift};
 pub use softmax::{ggml_expf, softmax};

@@ -125,6 +125,14 @@ impl ThetaParams {
 
     /// cos/sin of pair `i0/2` at extrapolated angle `theta_extrap` (ggml `rope_yarn`).
     fn cos_sin(&self, theta_extrap: f32, i0: usize) -> (f32, f32) {
+        let (theta, mscale) = self.angle(theta_extrap, i0);
+        (theta.cos() * mscale, theta.sin() * mscale)
+    }
+
+    /// The angle of pair `i0/2` at extrapolated angle `theta_extrap`, and
+    /// the magnitude ggml's `rope_yarn` multiplies cos and sin by (YaRN's
+    /// attention factor; 1 otherwise). The angle is linear in the position.
+    fn angle(&self, theta_extrap: f32, i0: usize) -> (f32, f32) {
         let theta_interp = self.freq_scale * theta_extrap;
         let mut theta = theta_interp;
         let mut mscale = self.mscale;
@@ -136,7 +144,95 @@ impl ThetaParams {
             theta = theta_interp * (1.0 - ramp_mix) + theta_extrap * ramp_mix;
             mscale *= 1.0 + 0.1 * (1.0 / self.freq_scale).ln();
         }
-        (theta.cos() * mscale, theta.sin() * mscale)
+        (theta, mscale)
+    }
+}
+
+/// What [`rope`] and [`rope_shift`] derive from a config once per call:
+/// the rotated dims, ggml's `rope_yarn` parameters and the per-pair
+/// frequency divisors.
+struct Angles<'c> {
+    n_rot: usize,
+    params: ThetaParams,
+    freq_factors: Option<std::borrow::Cow<'c, [f32]>>,
+}
+
+impl<'c> Angles<'c> {
+    /// `None` when nothing is rotated.
+    fn new(cfg: &'c RopeConfig, head_dim: usize) -> Option<Angles<'c>> {
+        let n_rot = cfg.n_rot.min(head_dim) & !1;
+        if n_rot == 0 || head_dim == 0 {
+            return None;
+        }
+        let params = ThetaParams::new(&RopeConfig {
+            n_rot,
+            ..cfg.clone()
+        });
+        let freq_factors = match (&cfg.freq_factors, cfg.scaling) {
+            (Some(f), _) => Some(std::borrow::Cow::Borrowed(&f[..])),
+            (
+                None,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    orig_ctx,
+                },
+            ) => Some(std::borrow::Cow::Owned(llama3_freq_factors(
+                n_rot,
+                cfg.theta_base,
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                orig_ctx,
+            ))),
+            (None, _) => None,
+        };
+        Some(Angles {
+            n_rot,
+            params,
+            freq_factors,
+        })
+    }
+
+    /// Fills `table` (`n_rot / 2` pairs) with the (cos, sin) of every pair
+    /// at position `pos`; `scaled`: times YaRN's magnitude, as ggml's rope.
+    fn table(&self, pos: f32, scaled: bool, table: &mut [(f32, f32)]) {
+        // Angles: theta_i = pos * base^(-2i/n_rot) / freq_factor_i.
+        let mut theta = pos;
+        for (i, c) in table.iter_mut().enumerate() {
+            let ff = self
+                .freq_factors
+                .as_deref()
+                .and_then(|f| f.get(i).copied())
+                .unwrap_or(1.0);
+            *c = if scaled {
+                self.params.cos_sin(theta / ff, 2 * i)
+            } else {
+                let (angle, _) = self.params.angle(theta / ff, 2 * i);
+                (angle.cos(), angle.sin())
+            };
+            theta *= self.params.theta_scale;
+        }
+    }
+}
+
+/// Rotates each `head_dim`-wide head of `token` by the pairs of `table`.
+fn rotate_heads(token: &mut [f32], head_dim: usize, layout: RopeLayout, table: &[(f32, f32)]) {
+    let (stride, pair_gap) = match layout {
+        RopeLayout::Normal => (2, 1),
+        RopeLayout::Neox => (1, table.len()),
+    };
+    for head in token.chunks_exact_mut(head_dim) {
+        for (i, &(cos, sin)) in table.iter().enumerate() {
+            let a = i * stride;
+            let b = a + pair_gap;
+            let (x0, x1) = (head[a], head[b]);
+            // As ggml's compiled rotation (GCC contracts it to fused multiply-adds):
+            // x0·cos − x1·sin and x0·sin + x1·cos, each with one product fused.
+            head[a] = x0.mul_add(cos, -(x1 * sin));
+            head[b] = x0.mul_add(sin, x1 * cos);
+        }
     }
 }
 
@@ -160,67 +256,42 @@ fn rope_serial(
     positions: &[usize],
     cfg: &RopeConfig,
 ) {
-    let n_rot = cfg.n_rot.min(head_dim) & !1;
-    if n_rot == 0 || head_dim == 0 {
+    let Some(angles) = Angles::new(cfg, head_dim) else {
         return;
-    }
-    let params = ThetaParams::new(&RopeConfig {
-        n_rot,
-        ..cfg.clone()
-    });
-    let llama3;
-    let freq_factors: Option<&[f32]> = match (&cfg.freq_factors, cfg.scaling) {
-        (Some(f), _) => Some(f),
-        (
-            None,
-            RopeScaling::Llama3 {
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                orig_ctx,
-            },
-        ) => {
-            llama3 = llama3_freq_factors(
-                n_rot,
-                cfg.theta_base,
-                factor,
-                low_freq_factor,
-                high_freq_factor,
-                orig_ctx,
-            );
-            Some(&llama3)
-        }
-        (None, _) => None,
     };
     // One (cos, sin) table per token, shared by its heads.
-    let mut cache = vec![(0f32, 0f32); n_rot / 2];
+    let mut table = vec![(0f32, 0f32); angles.n_rot / 2];
     let token_len = n_heads * head_dim;
     for (t, &pos) in positions.iter().enumerate() {
         let Some(token) = x.get_mut(t * token_len..(t + 1) * token_len) else {
             break;
         };
-        // Angles: theta_i = pos * base^(-2i/n_rot) / freq_factor_i.
-        let mut theta = pos as f32;
-        for (i, c) in cache.iter_mut().enumerate() {
-            let ff = freq_factors.and_then(|f| f.get(i).copied()).unwrap_or(1.0);
-            *c = params.cos_sin(theta / ff, 2 * i);
-            theta *= params.theta_scale;
-        }
-        // Rotate each head's pairs.
-        for head in token.chunks_exact_mut(head_dim) {
-            let (stride, pair_gap) = match cfg.layout {
-                RopeLayout::Normal => (2, 1),
-                RopeLayout::Neox => (1, n_rot / 2),
-            };
-            for (i, &(cos, sin)) in cache.iter().enumerate() {
-                let a = i * stride;
-                let b = a + pair_gap;
-                let (x0, x1) = (head[a], head[b]);
-                // As ggml's compiled rotation (GCC contracts it to fused multiply-adds):
-                // x0·cos − x1·sin and x0·sin + x1·cos, each with one product fused.
-                head[a] = x0.mul_add(cos, -(x1 * sin));
-                head[b] = x0.mul_add(sin, x1 * cos);
-            }
-        }
+        angles.table(pos as f32, true, &mut table);
+        rotate_heads(token, head_dim, cfg.layout, &table);
     }
+}
+
+/// Moves rows that [`rope`] rotated at position `p` to position `p + delta`
+/// (`delta` may be negative): every whole token of `x` (n_tokens × n_heads ×
+/// head_dim) is rotated by the angles of position `delta`, which is the
+/// angle difference because every angle is linear in the position. A pure
+/// rotation: YaRN's magnitude, which [`rope`] applied once, is not applied
+/// again (a shifted key keeps its norm).
+pub fn rope_shift(x: &mut [f32], n_heads: usize, head_dim: usize, delta: i64, cfg: &RopeConfig) {
+    let Some(angles) = Angles::new(cfg, head_dim) else {
+        return;
+    };
+    let token_len = n_heads * head_dim;
+    if token_len == 0 {
+        return;
+    }
+    // One table for every token: they all move by the same delta.
+    let mut table = vec![(0f32, 0f32); angles.n_rot / 2];
+    angles.table(delta as f32, false, &mut table);
+    let whole = x.len() / token_len * token_len;
+    super::rows::par_rows_mut(&mut x[..whole], token_len, |_, rows| {
+        for token in rows.chunks_exact_mut(token_len) {
+            rotate_heads(token, head_dim, cfg.layout, &table);
+        }
+    });
 }
