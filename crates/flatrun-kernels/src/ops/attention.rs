@@ -436,6 +436,230 @@ mod fused_f16 {
         }
     }
 
+    /// Scores of a tile: `out[a · offs.len() + b] = dot_lanes8(k[offs[b]..offs[b] + hd],
+    /// q[qoffs[a]..qoffs[a] + hd])` for every query vector `a` and key row `b`, each
+    /// dot in [`dot_lanes8`]'s order (so the same bits). Two query vectors and four
+    /// keys at a time: eight independent sums, each key's eight converted values used
+    /// for both vectors, and the eight sums reduced together.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `hd` a multiple of 8; every `offs[b] + hd ≤ k.len()`, every
+    /// `qoffs[a] + hd ≤ q.len()`, and `out.len() ≥ qoffs.len() · offs.len()`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_dots_lanes8(
+        k: &[f16],
+        offs: &[usize],
+        q: &[f32],
+        qoffs: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section): every row read below starts at an offset it
+        // listed and spans `hd` values, and every write is inside `out`.
+        unsafe {
+            let (kp, qp) = (k.as_ptr(), q.as_ptr());
+            let nk = offs.len();
+            let pairs = qoffs.len() / 2 * 2;
+            let quads = nk / 4 * 4;
+            for a in (0..pairs).step_by(2) {
+                let (q0, q1) = (qp.add(qoffs[a]), qp.add(qoffs[a + 1]));
+                for b in (0..quads).step_by(4) {
+                    let r = [
+                        kp.add(offs[b]),
+                        kp.add(offs[b + 1]),
+                        kp.add(offs[b + 2]),
+                        kp.add(offs[b + 3]),
+                    ];
+                    let mut acc = [_mm256_setzero_ps(); 8];
+                    for i in (0..hd).step_by(8) {
+                        let x0 = _mm256_loadu_ps(q0.add(i));
+                        let x1 = _mm256_loadu_ps(q1.add(i));
+                        for (c, row) in r.iter().enumerate() {
+                            let kv = _mm256_cvtph_ps(_mm_loadu_si128(row.add(i) as *const __m128i));
+                            acc[c] = _mm256_fmadd_ps(kv, x0, acc[c]);
+                            acc[4 + c] = _mm256_fmadd_ps(kv, x1, acc[4 + c]);
+                        }
+                    }
+                    let sums = reduce8x8(acc);
+                    for c in 0..4 {
+                        *out.get_unchecked_mut(a * nk + b + c) = sums[c];
+                        *out.get_unchecked_mut((a + 1) * nk + b + c) = sums[4 + c];
+                    }
+                }
+                for (b, &o) in offs.iter().enumerate().skip(quads) {
+                    let row = std::slice::from_raw_parts(kp.add(o), hd);
+                    for (a, qv) in [(a, q0), (a + 1, q1)] {
+                        let qv = std::slice::from_raw_parts(qv, hd);
+                        *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+                    }
+                }
+            }
+            for (a, &qo) in qoffs.iter().enumerate().skip(pairs) {
+                let qv = std::slice::from_raw_parts(qp.add(qo), hd);
+                for (b, &o) in offs.iter().enumerate() {
+                    let row = std::slice::from_raw_parts(kp.add(o), hd);
+                    *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+                }
+            }
+        }
+    }
+
+    /// `out[i] = k[slots[i] · stride + base ..][..hd] · q` for every slot, each in
+    /// [`dot_lanes8`]'s order (`lanes` 8) or [`dot_lanes32`]'s (`lanes` 32): one
+    /// query's scores without a call per key.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `hd` a multiple of `lanes` (8 or 32), `q.len() ≥ hd`,
+    /// `out.len() ≥ slots.len()`, and every `slots[i] · stride + base + hd ≤ k.len()`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn slot_dots(
+        k: &[f16],
+        stride: usize,
+        base: usize,
+        hd: usize,
+        lanes: usize,
+        slots: &[usize],
+        q: &[f32],
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section): every row read starts at a listed slot's offset.
+        unsafe {
+            let q = &q[..hd];
+            for (o, &j) in out.iter_mut().zip(slots) {
+                let row = std::slice::from_raw_parts(k.as_ptr().add(j * stride + base), hd);
+                *o = if lanes == 32 {
+                    dot_lanes32(row, q)
+                } else {
+                    dot_lanes8(row, q)
+                };
+            }
+        }
+    }
+
+    /// [`dot_lanes8`]'s reduction of eight partial-sum vectors at once: element `c`
+    /// of the result is `acc[c]` reduced (halves lane-wise, then lanes 0+2 and 1+3,
+    /// then the two), by the same additions in vector lanes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce8x8(acc: [__m256; 8]) -> [f32; 8] {
+        // Halves: x[p] holds acc[2p] + its upper half in its low 128 bits and
+        // acc[2p + 1]'s in its high 128 bits (`c` of `dot_lanes8`, four lanes each).
+        let half = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(a, b),
+                _mm256_permute2f128_ps::<0x31>(a, b),
+            )
+        };
+        let x = [
+            half(acc[0], acc[1]),
+            half(acc[2], acc[3]),
+            half(acc[4], acc[5]),
+            half(acc[6], acc[7]),
+        ];
+        // Lanes 0+2 and 1+3 of each: per 128-bit half, [s0, s1] of one sum and of
+        // the next pair's.
+        let pair = |a: __m256, b: __m256| {
+            _mm256_add_ps(
+                _mm256_shuffle_ps::<0b01_00_01_00>(a, b),
+                _mm256_shuffle_ps::<0b11_10_11_10>(a, b),
+            )
+        };
+        let w0 = pair(x[0], x[1]);
+        let w1 = pair(x[2], x[3]);
+        // s0 + s1: low half sums acc[0], acc[2], acc[4], acc[6]; high half the odd ones.
+        let t = _mm256_hadd_ps(w0, w1);
+        let mut lanes = [0f32; 8];
+        // SAFETY: `lanes` holds eight f32.
+        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), t) };
+        [
+            lanes[0], lanes[4], lanes[1], lanes[5], lanes[2], lanes[6], lanes[3], lanes[7],
+        ]
+    }
+
+    /// The weighted values of one query's slots: for each slot `j` of `slots` with
+    /// its score `p` of `scores`, `acc[(j % lanes) · hd + d] += round(p · inv) ·
+    /// v[j · stride + base + d]`, in slot order, `round` to f16 (the weights rounded
+    /// to the values' type) — the additions of [`super::weigh_values`], without a
+    /// call per slot.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `hd` a multiple of 8; `acc.len() ≥ lanes · hd`; every
+    /// `j · stride + base + hd ≤ v.len()`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn weigh_values_f16(
+        v: &[f16],
+        stride: usize,
+        base: usize,
+        hd: usize,
+        lanes: usize,
+        slots: &[usize],
+        scores: &[f32],
+        inv: f32,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section); `w` holds eight f32 for each vector store.
+        unsafe {
+            let (vp, ap) = (v.as_ptr(), acc.as_mut_ptr());
+            let n = slots.len().min(scores.len());
+            let invv = _mm256_set1_ps(inv);
+            // A block of up to 64 slots at a time: their weights rounded to f16
+            // and back eight at once (round to nearest even, as `f16::from_f32`).
+            let mut w = [0f32; 64];
+            for start in (0..n).step_by(64) {
+                let block = &slots[start..(start + 64).min(n)];
+                let m = block.len();
+                let mut p = [0f32; 64];
+                p[..m].copy_from_slice(&scores[start..start + m]);
+                for c in (0..m).step_by(8) {
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+                        _mm256_loadu_ps(p.as_ptr().add(c)),
+                        invv,
+                    ));
+                    _mm256_storeu_ps(w.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                }
+                // Groups of eight consecutive slots from a multiple of eight put
+                // one product in each lane, in lane order: each lane's partial
+                // sums then stay in a register while the block's rows go by.
+                let grouped = lanes == 8
+                    && m.is_multiple_of(8)
+                    && block
+                        .chunks_exact(8)
+                        .all(|g| g[0] % 8 == 0 && g[7] == g[0] + 7);
+                if grouped {
+                    for d in (0..hd).step_by(8) {
+                        let mut sums: [__m256; 8] =
+                            std::array::from_fn(|t| _mm256_loadu_ps(ap.add(t * hd + d)));
+                        for (g, ws) in block.chunks_exact(8).zip(w.chunks_exact(8)) {
+                            for t in 0..8 {
+                                let row = vp.add(g[t] * stride + base + d);
+                                let x = _mm256_cvtph_ps(_mm_loadu_si128(row as *const __m128i));
+                                sums[t] = _mm256_fmadd_ps(_mm256_set1_ps(ws[t]), x, sums[t]);
+                            }
+                        }
+                        for (t, v) in sums.iter().enumerate() {
+                            _mm256_storeu_ps(ap.add(t * hd + d), *v);
+                        }
+                    }
+                    continue;
+                }
+                for (&j, &wt) in block.iter().zip(&w) {
+                    let wv = _mm256_set1_ps(wt);
+                    let row = vp.add(j * stride + base);
+                    let lane = ap.add((j % lanes) * hd);
+                    for d in (0..hd).step_by(8) {
+                        let x = _mm256_cvtph_ps(_mm_loadu_si128(row.add(d) as *const __m128i));
+                        let a = _mm256_loadu_ps(lane.add(d));
+                        _mm256_storeu_ps(lane.add(d), _mm256_fmadd_ps(wv, x, a));
+                    }
+                }
+            }
+        }
+    }
+
     /// # Safety
     /// The host must have AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -717,6 +941,7 @@ fn attend(
     } else {
         SumOrder::Single
     };
+    let fused = fused_f16_available(hd);
     // One task per (query, head): its output is `out[task*hd..(task+1)*hd]`.
     let task = |task: usize| {
         let (i, h) = (task / cfg.n_head, task % cfg.n_head);
@@ -761,7 +986,32 @@ fn attend(
             // Scores: scale · q·k, soft-capped if asked.
             scores.clear();
             let mut max = f32::NEG_INFINITY;
-            for &j in slots.iter() {
+            #[cfg(target_arch = "x86_64")]
+            if let (true, KvSlice::F16(ks)) = (fused && hd.is_multiple_of(order.lanes()), k) {
+                scores.resize(slots.len(), 0.0);
+                // SAFETY: `fused` saw AVX2, FMA and F16C; the head dim is whole
+                // runs of the order's lanes; every slot's key row is in the cache.
+                unsafe {
+                    fused_f16::slot_dots(
+                        ks,
+                        kv_stride,
+                        kvh * hd,
+                        hd,
+                        order.lanes(),
+                        slots,
+                        qv,
+                        scores,
+                    )
+                };
+                for x in scores.iter_mut() {
+                    *x *= cfg.scale;
+                    if let Some(cap) = cfg.softcap {
+                        *x = cap * (*x / cap).tanh();
+                    }
+                    max = max.max(*x);
+                }
+            }
+            for &j in slots.iter().skip(scores.len()) {
                 let off = j * kv_stride + kvh * hd;
                 let qk = match k {
                     KvSlice::F16(ks) => order.dot_f16(&ks[off..off + hd], qv, row),
@@ -785,6 +1035,27 @@ fn attend(
                 let mut acc = cell.borrow_mut();
                 acc.clear();
                 acc.resize(order.lanes() * hd, 0.0);
+                #[cfg(target_arch = "x86_64")]
+                if let (true, KvSlice::F16(vs)) = (fused, v) {
+                    // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that is a
+                    // multiple of 8; `acc` holds `lanes × hd` sums; every slot's
+                    // value row is in the cache.
+                    unsafe {
+                        fused_f16::weigh_values_f16(
+                            vs,
+                            kv_stride,
+                            kvh * hd,
+                            hd,
+                            order.lanes(),
+                            slots,
+                            scores,
+                            inv,
+                            &mut acc,
+                        )
+                    };
+                    order.reduce_lanes(&acc, o);
+                    return;
+                }
                 let off = |j: usize| j * kv_stride + kvh * hd;
                 weigh_values(&v, order.lanes(), slots, scores, inv, off, &mut acc, row);
                 order.reduce_lanes(&acc, o);
@@ -809,6 +1080,7 @@ fn attend(
             group,
             kv_stride,
             out: out_ptr,
+            fused,
         };
         tiles.run();
     } else if n_tasks * written_slots.len() * hd * 2 < PARALLEL_WORK {
@@ -832,6 +1104,25 @@ fn softmax_weights(slots: &[usize], scores: &mut [f32], max: f32, sink: Option<f
     let max = sink.map_or(max, |s| max.max(s));
     exp_shifted(scores, max);
     let mut sum = 0f64;
+    // Consecutive slots (a prompt's keys in order): the groups of eight are
+    // runs of `scores`, summed in the same order without a test per slot.
+    if let (Some(&first), Some(&last)) = (slots.first(), slots.last())
+        && last - first + 1 == slots.len()
+    {
+        let mut i = 0;
+        while i < scores.len() {
+            let lane = (first + i) % 8;
+            let take = (8 - lane).min(scores.len() - i);
+            let mut eight = [0f32; 8];
+            eight[lane..lane + take].copy_from_slice(&scores[i..i + take]);
+            sum += reduce8(&eight) as f64;
+            i += take;
+        }
+        if let Some(s) = sink {
+            sum += (s - max).exp() as f64;
+        }
+        return (1.0 / sum) as f32;
+    }
     let mut eight = [0f32; 8];
     let mut chunk = usize::MAX;
     for (&j, s) in slots.iter().zip(scores.iter()) {
@@ -872,6 +1163,18 @@ fn weigh_values(
     }
 }
 
+/// Whether the fused f16 tile kernels run here: an AVX2 host (x86_64) and a
+/// head dim that is whole vectors of 8.
+fn fused_f16_available(hd: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return hd.is_multiple_of(8) && super::softmax::avx2_available();
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = hd;
+        false
+    }
+}
+
 /// Query positions of one tile of the tiled path (each with every head of
 /// its KV head's group).
 const TILE_QUERIES: usize = 8;
@@ -905,6 +1208,8 @@ struct Tiles<'a> {
     group: usize,
     kv_stride: usize,
     out: OutPtr,
+    /// The fused f16 kernels apply: an AVX2 host and a head dim that is a multiple of 8.
+    fused: bool,
 }
 
 /// One query vector of a tile: its index `i · n_head + h`, its visible
@@ -922,6 +1227,11 @@ struct TileQuery {
 #[derive(Default)]
 struct TileScratch {
     queries: Vec<TileQuery>,
+    /// One key tile's scores, `queries.len() × TILE_KEYS` (the fused f16 kernel).
+    dots: Vec<f32>,
+    /// The key tile's row offsets and the query vectors' offsets.
+    key_offs: Vec<usize>,
+    query_offs: Vec<usize>,
     /// `queries.len() × lanes × head_dim` partial sums of the values.
     acc: Vec<f32>,
     /// Per query: how many of its slots the value pass has taken.
@@ -958,6 +1268,9 @@ impl Tiles<'_> {
             let mut guard = cell.borrow_mut();
             let TileScratch {
                 queries,
+                dots,
+                key_offs,
+                query_offs,
                 acc,
                 cursor,
                 row,
@@ -990,21 +1303,63 @@ impl Tiles<'_> {
             }
             let last_pos = queries.iter().map(|t| t.pos).max().unwrap_or(0);
             let visible = |qp: usize, kp: usize| kp <= qp && cfg.window.is_none_or(|w| qp - kp < w);
+            // An f16 cache in tinyBLAS's order on an AVX2 host: a tile's scores
+            // for every query vector at once, by the fused kernel.
+            let fused_keys = match self.k {
+                KvSlice::F16(ks) if self.fused && matches!(self.order, SumOrder::Batch) => {
+                    Some(*ks)
+                }
+                _ => None,
+            };
+            query_offs.clear();
+            query_offs.extend(queries.iter().map(|tq| tq.index * hd));
+            // Only the x86_64 kernels read the offsets.
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (&key_offs, &query_offs);
             // Scores, a key tile at a time.
             for tile in self.written.chunks(TILE_KEYS) {
                 if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
                     continue;
                 }
-                for tq in queries.iter_mut() {
+                #[cfg(target_arch = "x86_64")]
+                if let Some(ks) = fused_keys {
+                    key_offs.clear();
+                    key_offs.extend(tile.iter().map(|&j| off(j)));
+                    dots.resize(queries.len() * tile.len(), 0.0);
+                    // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that is a
+                    // multiple of 8; every key row (a written slot) and query vector
+                    // (a task below `n_tasks`) lies inside its slice, and `dots`
+                    // holds a score for each pair.
+                    unsafe {
+                        fused_f16::tile_dots_lanes8(ks, key_offs, self.q, query_offs, hd, dots)
+                    };
+                }
+                // The tile's lowest and highest key positions: a query that
+                // sees the whole tile takes its scores at once.
+                let (lo, hi) = tile.iter().fold((usize::MAX, 0), |(lo, hi), &j| {
+                    (lo.min(self.key_pos[j]), hi.max(self.key_pos[j]))
+                });
+                for (a, tq) in queries.iter_mut().enumerate() {
                     let qv = &self.q[tq.index * hd..(tq.index + 1) * hd];
-                    for &j in tile {
+                    let sees_all = hi <= tq.pos && cfg.window.is_none_or(|w| tq.pos - lo < w);
+                    if sees_all && fused_keys.is_some() && cfg.softcap.is_none() {
+                        // The same scores, maximum and order as slot by slot below.
+                        let start = tq.scores.len();
+                        tq.slots.extend_from_slice(tile);
+                        let row_dots = &dots[a * tile.len()..(a + 1) * tile.len()];
+                        tq.scores.extend(row_dots.iter().map(|&qk| qk * cfg.scale));
+                        tq.max = tq.scores[start..].iter().fold(tq.max, |m, &x| m.max(x));
+                        continue;
+                    }
+                    for (b, &j) in tile.iter().enumerate() {
                         if !visible(tq.pos, self.key_pos[j]) {
                             continue;
                         }
                         let o = off(j);
-                        let qk = match self.k {
-                            KvSlice::F16(ks) => self.order.dot_f16(&ks[o..o + hd], qv, row),
-                            _ => self.k.dot_row(o, qv, row),
+                        let qk = match (fused_keys, self.k) {
+                            (Some(_), _) => dots[a * tile.len() + b],
+                            (None, KvSlice::F16(ks)) => self.order.dot_f16(&ks[o..o + hd], qv, row),
+                            (None, _) => self.k.dot_row(o, qv, row),
                         };
                         let mut x = qk * cfg.scale;
                         if let Some(cap) = cfg.softcap {
@@ -1042,6 +1397,26 @@ impl Tiles<'_> {
                     let start = *at;
                     while *at < tq.slots.len() && tq.slots[*at] <= end {
                         *at += 1;
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if let (true, KvSlice::F16(vs)) = (self.fused, self.v) {
+                        // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that
+                        // is a multiple of 8; `lanes_acc` holds `lanes × hd` sums and
+                        // every slot's value row lies inside the cache.
+                        unsafe {
+                            fused_f16::weigh_values_f16(
+                                vs,
+                                self.kv_stride,
+                                g * hd,
+                                hd,
+                                lanes,
+                                &tq.slots[start..*at],
+                                &tq.scores[start..*at],
+                                tq.inv,
+                                lanes_acc,
+                            )
+                        };
+                        continue;
                     }
                     weigh_values(
                         self.v,
@@ -1149,8 +1524,16 @@ mod tests {
     /// more slots than one key tile and more queries than one query tile.
     #[test]
     fn tiled_attention_equals_the_per_query_path() {
-        let hd = 64;
-        for (n_head, n_kv) in [(14, 2), (4, 4), (5, 2)] {
+        for (hd, ring, (n_head, n_kv)) in [
+            (64, true, (14, 2)),
+            (64, true, (4, 4)),
+            (64, true, (5, 2)),
+            (64, false, (14, 2)),
+            (128, false, (12, 2)),
+            (128, true, (5, 2)),
+            (256, true, (4, 1)),
+            (40, true, (5, 2)),
+        ] {
             for (window, softcap, with_sinks) in [
                 (None, None, false),
                 (Some(37), None, false),
@@ -1167,13 +1550,12 @@ mod tests {
                 let n_slots = 150;
                 let n_q = 19;
                 // Slots hold positions in a rotated order, some never written.
+                // (Or in order, all written: a prompt's prefill.)
                 let key_pos: Vec<usize> = (0..n_slots)
-                    .map(|j| {
-                        if j % 23 == 5 {
-                            usize::MAX
-                        } else {
-                            (j * 7 + 11) % n_slots
-                        }
+                    .map(|j| match ring {
+                        false => j,
+                        true if j % 23 == 5 => usize::MAX,
+                        true => (j * 7 + 11) % n_slots,
                     })
                     .collect();
                 let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
@@ -1209,7 +1591,55 @@ mod tests {
                         .count();
                     assert_eq!(
                         differ, 0,
-                        "{n_head}/{n_kv} heads, window {window:?}, softcap {softcap:?}"
+                        "head dim {hd}, {n_head}/{n_kv} heads, ring {ring}, window {window:?}, softcap {softcap:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The fused f16 value kernel adds what [`weigh_values`] adds, in its
+    /// order: 8 and 32 lanes, runs of whole groups of eight and scattered slots.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn fused_weighted_values_equal_the_slot_by_slot_sums() {
+        if !fused_f16_available(64) {
+            return;
+        }
+        let (hd, n_kv, n_slots) = (64, 2, 300);
+        let stride = n_kv * hd;
+        let vf = values(n_slots * stride, 7);
+        let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+        let v = KvSlice::F16(&vh);
+        let consecutive: Vec<usize> = (0..200).collect();
+        let scattered: Vec<usize> = (3..n_slots).filter(|j| j % 5 != 1).collect();
+        let shifted: Vec<usize> = (5..205).collect();
+        for slots in [&consecutive, &scattered, &shifted] {
+            let scores: Vec<f32> = values(slots.len(), 9).iter().map(|x| x.abs()).collect();
+            for lanes in [8usize, 32] {
+                for base in [0, hd] {
+                    let mut want = vec![0.25f32; lanes * hd];
+                    let mut got = want.clone();
+                    let mut row = vec![0f32; hd];
+                    let off = |j: usize| j * stride + base;
+                    weigh_values(&v, lanes, slots, &scores, 0.37, off, &mut want, &mut row);
+                    // SAFETY: checked AVX2 above; 64 is a multiple of 8; `got` holds
+                    // lanes × hd sums; every slot's row is inside `vh`.
+                    unsafe {
+                        fused_f16::weigh_values_f16(
+                            &vh, stride, base, hd, lanes, slots, &scores, 0.37, &mut got,
+                        )
+                    };
+                    let differ = want
+                        .iter()
+                        .zip(&got)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    assert_eq!(
+                        differ,
+                        0,
+                        "{lanes} lanes, base {base}, {} slots",
+                        slots.len()
                     );
                 }
             }
