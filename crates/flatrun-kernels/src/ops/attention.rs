@@ -539,6 +539,67 @@ mod fused_f16 {
         }
     }
 
+    /// [`tile_dots_lanes8`] in [`dot_lanes32`]'s order (one query's heads over
+    /// a decode step's keys): two query vectors at a time, each key's
+    /// converted values used for both.
+    ///
+    /// # Safety
+    /// As [`tile_dots_lanes8`], with `hd` a multiple of 32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn tile_dots_lanes32(
+        k: &[f16],
+        offs: &[usize],
+        q: &[f32],
+        qoffs: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract (its
+        // `# Safety` section): every row read below starts at an offset it
+        // listed and spans `hd` values, and every write is inside `out`.
+        unsafe {
+            let (kp, qp) = (k.as_ptr(), q.as_ptr());
+            let nk = offs.len();
+            let pairs = qoffs.len() / 2 * 2;
+            // dot_lanes32's reduction: vectors 0+2 and 1+3, then the two, then
+            // halves, then pairs.
+            let reduce = |acc: &[__m256; 4]| {
+                let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+                let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+                let t = _mm_hadd_ps(t, t);
+                _mm_cvtss_f32(_mm_hadd_ps(t, t))
+            };
+            for a in (0..pairs).step_by(2) {
+                let (q0, q1) = (qp.add(qoffs[a]), qp.add(qoffs[a + 1]));
+                for (b, &o) in offs.iter().enumerate() {
+                    let row = kp.add(o);
+                    let mut acc0 = [_mm256_setzero_ps(); 4];
+                    let mut acc1 = [_mm256_setzero_ps(); 4];
+                    for i in (0..hd).step_by(32) {
+                        for v in 0..4 {
+                            let kv = _mm256_cvtph_ps(_mm_loadu_si128(
+                                row.add(i + 8 * v) as *const __m128i
+                            ));
+                            acc0[v] =
+                                _mm256_fmadd_ps(kv, _mm256_loadu_ps(q0.add(i + 8 * v)), acc0[v]);
+                            acc1[v] =
+                                _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1.add(i + 8 * v)), acc1[v]);
+                        }
+                    }
+                    *out.get_unchecked_mut(a * nk + b) = reduce(&acc0);
+                    *out.get_unchecked_mut((a + 1) * nk + b) = reduce(&acc1);
+                }
+            }
+            for (a, &qo) in qoffs.iter().enumerate().skip(pairs) {
+                let qv = std::slice::from_raw_parts(qp.add(qo), hd);
+                for (b, &o) in offs.iter().enumerate() {
+                    let row = std::slice::from_raw_parts(kp.add(o), hd);
+                    *out.get_unchecked_mut(a * nk + b) = dot_lanes32(row, qv);
+                }
+            }
+        }
+    }
+
     /// [`dot_lanes8`]'s reduction of eight partial-sum vectors at once: element `c`
     /// of the result is `acc[c]` reduced (halves lane-wise, then lanes 0+2 and 1+3,
     /// then the two), by the same additions in vector lanes.
@@ -1064,7 +1125,10 @@ fn attend(
     };
     // Several queries over an f16 or f32 cache: in tiles that read each
     // block of keys and values once for a block of queries.
-    if tiled && !blocks && n_q >= 2 {
+    // A decode step's query heads that share a KV head read its keys
+    // together too, when there are KV heads enough to keep every thread busy.
+    let grouped_decode = group > 1 && cfg.n_kv_head >= crate::threads::threads();
+    if tiled && !blocks && (n_q >= 2 || grouped_decode) {
         let tiles = Tiles {
             q,
             q_pos,
@@ -1306,9 +1370,7 @@ impl Tiles<'_> {
             // An f16 cache in tinyBLAS's order on an AVX2 host: a tile's scores
             // for every query vector at once, by the fused kernel.
             let fused_keys = match self.k {
-                KvSlice::F16(ks) if self.fused && matches!(self.order, SumOrder::Batch) => {
-                    Some(*ks)
-                }
+                KvSlice::F16(ks) if self.fused && hd.is_multiple_of(lanes) => Some(*ks),
                 _ => None,
             };
             query_offs.clear();
@@ -1331,7 +1393,14 @@ impl Tiles<'_> {
                     // (a task below `n_tasks`) lies inside its slice, and `dots`
                     // holds a score for each pair.
                     unsafe {
-                        fused_f16::tile_dots_lanes8(ks, key_offs, self.q, query_offs, hd, dots)
+                        match self.order {
+                            SumOrder::Batch => fused_f16::tile_dots_lanes8(
+                                ks, key_offs, self.q, query_offs, hd, dots,
+                            ),
+                            SumOrder::Single => fused_f16::tile_dots_lanes32(
+                                ks, key_offs, self.q, query_offs, hd, dots,
+                            ),
+                        }
                     };
                 }
                 // The tile's lowest and highest key positions: a query that
@@ -1548,51 +1617,52 @@ mod tests {
                     softcap,
                 };
                 let n_slots = 150;
-                let n_q = 19;
-                // Slots hold positions in a rotated order, some never written.
-                // (Or in order, all written: a prompt's prefill.)
-                let key_pos: Vec<usize> = (0..n_slots)
-                    .map(|j| match ring {
-                        false => j,
-                        true if j % 23 == 5 => usize::MAX,
-                        true => (j * 7 + 11) % n_slots,
-                    })
-                    .collect();
-                let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
-                let q = values(n_q * n_head * hd, 1);
-                let kf = values(n_slots * n_kv * hd, 2);
-                let vf = values(n_slots * n_kv * hd, 3);
-                let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
-                let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
-                let sinks: Vec<f32> = (0..n_head).map(|h| h as f32 * 0.3 - 1.0).collect();
-                let sinks = with_sinks.then_some(&sinks[..]);
-                for (k, v) in [
-                    (KvSlice::F16(&kh), KvSlice::F16(&vh)),
-                    (KvSlice::F32(&kf), KvSlice::F32(&vf)),
-                ] {
-                    let mut tiled = vec![1.0; n_q * n_head * hd];
-                    let mut per_query = vec![2.0; n_q * n_head * hd];
-                    attend(&q, &q_pos, k, v, &key_pos, &cfg, sinks, &mut tiled, true);
-                    attend(
-                        &q,
-                        &q_pos,
-                        k,
-                        v,
-                        &key_pos,
-                        &cfg,
-                        sinks,
-                        &mut per_query,
-                        false,
-                    );
-                    let differ = tiled
-                        .iter()
-                        .zip(&per_query)
-                        .filter(|(a, b)| a.to_bits() != b.to_bits())
-                        .count();
-                    assert_eq!(
-                        differ, 0,
-                        "head dim {hd}, {n_head}/{n_kv} heads, ring {ring}, window {window:?}, softcap {softcap:?}"
-                    );
+                for n_q in [19, 1] {
+                    // Slots hold positions in a rotated order, some never written.
+                    // (Or in order, all written: a prompt's prefill.)
+                    let key_pos: Vec<usize> = (0..n_slots)
+                        .map(|j| match ring {
+                            false => j,
+                            true if j % 23 == 5 => usize::MAX,
+                            true => (j * 7 + 11) % n_slots,
+                        })
+                        .collect();
+                    let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
+                    let q = values(n_q * n_head * hd, 1);
+                    let kf = values(n_slots * n_kv * hd, 2);
+                    let vf = values(n_slots * n_kv * hd, 3);
+                    let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+                    let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+                    let sinks: Vec<f32> = (0..n_head).map(|h| h as f32 * 0.3 - 1.0).collect();
+                    let sinks = with_sinks.then_some(&sinks[..]);
+                    for (k, v) in [
+                        (KvSlice::F16(&kh), KvSlice::F16(&vh)),
+                        (KvSlice::F32(&kf), KvSlice::F32(&vf)),
+                    ] {
+                        let mut tiled = vec![1.0; n_q * n_head * hd];
+                        let mut per_query = vec![2.0; n_q * n_head * hd];
+                        attend(&q, &q_pos, k, v, &key_pos, &cfg, sinks, &mut tiled, true);
+                        attend(
+                            &q,
+                            &q_pos,
+                            k,
+                            v,
+                            &key_pos,
+                            &cfg,
+                            sinks,
+                            &mut per_query,
+                            false,
+                        );
+                        let differ = tiled
+                            .iter()
+                            .zip(&per_query)
+                            .filter(|(a, b)| a.to_bits() != b.to_bits())
+                            .count();
+                        assert_eq!(
+                            differ, 0,
+                            "head dim {hd}, {n_head}/{n_kv} heads, {n_q} queries, ring {ring}, window {window:?}, softcap {softcap:?}"
+                        );
+                    }
                 }
             }
         }
