@@ -14,11 +14,9 @@ the whole prompt, n_predict) and records the generated ids. Standard library onl
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
+
+from llama_server import LlamaServer
 
 N_CTX = 256
 N_PREDICT = 600
@@ -27,16 +25,6 @@ USER = (
     "<|im_start|>user\nWrite the numbers from 1 to 400, one per line, "
     "nothing else.<|im_end|>\n<|im_start|>assistant\n"
 )
-
-
-def post(port, path, body):
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req, timeout=1200) as r:
-        return json.load(r)
 
 
 def main():
@@ -51,25 +39,12 @@ def main():
         ),
     )
     args = ap.parse_args()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [
-        args.server, "-m", args.model, "-c", str(N_CTX), "-np", "1",
-        "--context-shift", "-t", "2", "--port", str(port), "--host", "127.0.0.1",
-        "-ctk", "f16", "-ctv", "f16",
+    server_args = [
+        "-m", args.model, "-c", str(N_CTX), "-np", "1",
+        "--context-shift", "-t", "2", "-ctk", "f16", "-ctv", "f16",
     ]
-    print(" ".join(cmd), file=sys.stderr)
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open("/tmp/llama-server-shift.log", "w"))
-    try:
-        for _ in range(600):
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except Exception:
-                time.sleep(0.5)
-        prompt = post(port, "/tokenize", {"content": SYSTEM + USER, "add_special": True})["tokens"]
+    with LlamaServer(args.server, server_args) as srv:
+        prompt = srv.post("/tokenize", {"content": SYSTEM + USER, "add_special": True})["tokens"]
         # The whole prompt stays (the instruction too), so the answer goes
         # on counting through every shift.
         body = {
@@ -82,14 +57,11 @@ def main():
             "return_tokens": True,
             "stream": False,
         }
-        reply = post(port, "/completion", body)
-    finally:
-        server.terminate()
-        server.wait()
+        reply = srv.post("/completion", body)
     golden = {
         "model": os.path.basename(args.model),
         "made_by": "scripts/gen_context_shift_golden.py (see tests/data/README.md)",
-        "llama_server_command": " ".join(os.path.basename(c) if c == args.server else c for c in cmd),
+        "llama_server_command": srv.command_line(),
         "request": body | {"prompt": "prompt_tokens"},
         "n_ctx": N_CTX,
         "n_keep": len(prompt),
