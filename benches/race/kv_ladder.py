@@ -3,8 +3,11 @@
 against the resident one.
 
 For each context length N (default 1024, 8192, 32768 tokens) the script feeds
-the first N tokens (about: 3.3 characters per token) of a long real text
-(`--text`, e.g. a Project Gutenberg book; not repeated filler) to
+the first N tokens (about: `--chars-per-token`, 4.4 for English prose and
+Qwen2.5's tokenizer) of a long real text (`--text`, default the 16k-token
+`crates/flatrun-runtime/tests/fixtures/long_context/python_reference.txt`;
+give a longer one, e.g. a Project Gutenberg book, for 32k; not repeated
+filler) to
 `flatrun run --ctx 1.25N+64 -n 32`, once per residency (`stream`: weights and KV
 cache streamed, the cache from its file; `resident`: everything in memory,
 the cache in anonymous memory), and prints the peak RSS (`VmHWM`) and the
@@ -16,7 +19,7 @@ Target: in stream mode peak RSS grows by less than 10% from the first rung
 to the last, while the resident cache grows by the KV bytes.
 
     python benches/race/kv_ladder.py --model ~/.cache/flatrun/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-        --text around-the-world.txt --ctx 1024,8192,32768 [--llama-bench PATH] [--kv-type f16]
+        [--text around-the-world.txt] --ctx 1024,8192,32768 [--llama-bench PATH] [--kv-type f16]
 """
 
 from __future__ import annotations
@@ -46,12 +49,12 @@ def run_flatrun(binary, model, prompt_file, ctx, residency, kv_type):
 
 
 def run_llama(bench, model, depth, kv_type):
-    cmd = [bench, "-m", model, "-p", "0", "-n", "32", "-d", str(depth), "-t", "2",
+    cmd = [bench, "-m", model, "-p", "0", "-n", "32", "-d", str(depth), "-t", "2", "-r", "1",
            "-ctk", kv_type, "-ctv", kv_type, "-o", "csv"]
     if kv_type != "f16":
         cmd += ["-fa", "1"]
     out = subprocess.run(cmd, capture_output=True, text=True)
-    rows = [l for l in out.stdout.splitlines() if l and not l.startswith("build")]
+    rows = [l for l in out.stdout.splitlines() if l and not l.startswith("build:")]
     if len(rows) < 2:
         return None
     header = [h.strip('"') for h in rows[0].split(",")]
@@ -62,7 +65,10 @@ def run_llama(bench, model, depth, kv_type):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--text", required=True, help="a long real text (plain UTF-8)")
+    ap.add_argument("--text", default=os.path.join(
+        ROOT, "crates/flatrun-runtime/tests/fixtures/long_context/python_reference.txt"),
+        help="a long real text (plain UTF-8)")
+    ap.add_argument("--chars-per-token", type=float, default=4.4)
     ap.add_argument("--ctx", default="1024,8192,32768")
     ap.add_argument("--kv-type", default="f16")
     ap.add_argument("--binary", default=os.path.join(ROOT, "target", "release", "flatrun"))
@@ -77,7 +83,9 @@ def main():
     print("|---:|---|---:|---:|---:|---:|")
     for n in rungs:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
-            f.write(text[: int(n * 3.3)])
+            if len(text) < n * a.chars_per_token:
+                sys.exit(f"the text is too short for {n} tokens")
+            f.write(text[: int(n * a.chars_per_token)])
             prompt = f.name
         llama = run_llama(a.llama_bench, a.model, n, a.kv_type) if a.llama_bench else None
         for r in a.residencies.split(","):
