@@ -59,7 +59,11 @@ fn a_16k_prompt_answers_as_llama_cpp_does() {
     };
     let golden = golden();
     let mut model = Model::load(&path, LoadOptions::default()).expect("load");
-    assert_eq!(model.executor().context_size(), 32768, "the model's own context");
+    assert_eq!(
+        model.executor().context_size(),
+        32768,
+        "the model's own context"
+    );
     let text = prompt(&golden.question);
     let ids = model.encode(&text, true).expect("encode");
     assert!(ids.len() > 16_000, "{} prompt tokens", ids.len());
@@ -73,5 +77,9 @@ fn a_16k_prompt_answers_as_llama_cpp_does() {
         got.push(event.id);
         answer.push_str(&event.text);
     }
-    assert_eq!(got, golden.tokens, "ours {answer:?}\nllama.cpp {:?}", golden.text);
+    assert_eq!(
+        got, golden.tokens,
+        "ours {answer:?}\nllama.cpp {:?}",
+        golden.text
+    );
 }
