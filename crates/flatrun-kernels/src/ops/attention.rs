@@ -429,11 +429,19 @@ mod fused_f16 {
                     *a = _mm256_fmadd_ps(kv, _mm256_loadu_ps(qp.add(i + 8 * v)), *a);
                 }
             }
-            let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-            let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-            let t = _mm_hadd_ps(t, t);
-            _mm_cvtss_f32(_mm_hadd_ps(t, t))
+            reduce32(&acc)
         }
+    }
+
+    /// [`dot_lanes32`]'s reduction of its four partial-sum vectors: vectors 0+2
+    /// and 1+3, then the two, then halves, then pairs.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn reduce32(acc: &[__m256; 4]) -> f32 {
+        let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+        let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+        let t = _mm_hadd_ps(t, t);
+        _mm_cvtss_f32(_mm_hadd_ps(t, t))
     }
 
     /// Scores of a tile: `out[a · offs.len() + b] = dot_lanes8(k[offs[b]..offs[b] + hd],
@@ -561,14 +569,6 @@ mod fused_f16 {
             let (kp, qp) = (k.as_ptr(), q.as_ptr());
             let nk = offs.len();
             let pairs = qoffs.len() / 2 * 2;
-            // dot_lanes32's reduction: vectors 0+2 and 1+3, then the two, then
-            // halves, then pairs.
-            let reduce = |acc: &[__m256; 4]| {
-                let x = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
-                let t = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
-                let t = _mm_hadd_ps(t, t);
-                _mm_cvtss_f32(_mm_hadd_ps(t, t))
-            };
             for a in (0..pairs).step_by(2) {
                 let (q0, q1) = (qp.add(qoffs[a]), qp.add(qoffs[a + 1]));
                 for (b, &o) in offs.iter().enumerate() {
@@ -586,8 +586,8 @@ mod fused_f16 {
                                 _mm256_fmadd_ps(kv, _mm256_loadu_ps(q1.add(i + 8 * v)), acc1[v]);
                         }
                     }
-                    *out.get_unchecked_mut(a * nk + b) = reduce(&acc0);
-                    *out.get_unchecked_mut((a + 1) * nk + b) = reduce(&acc1);
+                    *out.get_unchecked_mut(a * nk + b) = reduce32(&acc0);
+                    *out.get_unchecked_mut((a + 1) * nk + b) = reduce32(&acc1);
                 }
             }
             for (a, &qo) in qoffs.iter().enumerate().skip(pairs) {
