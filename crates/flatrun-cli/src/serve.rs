@@ -11,7 +11,7 @@
 //! in `flatrun-server` ([`flatrun_server::runtime::engine`]); this module
 //! only turns the command line into their settings and reports progress.
 
-use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, residency_name};
+use crate::flags::{EngineFlags, OutputFlags, SamplingFlags, SpeculationFlags, residency_name};
 use crate::loading::{check_model_path, header, load_with};
 use anyhow::{Context, Result, anyhow, bail};
 use flatrun_runtime::{LoadOptions, Residency};
@@ -40,6 +40,10 @@ pub struct ServeCommand {
     pub engine: EngineFlags,
     #[command(flatten)]
     pub sampling: SamplingFlags,
+    /// Speculative decoding for every request that does not turn it off
+    /// (`speculative.n_max: 0`); `--draft` drafts for the first `--model`.
+    #[command(flatten)]
+    pub speculation: SpeculationFlags,
     #[command(flatten)]
     pub output: OutputFlags,
 }
@@ -87,7 +91,8 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
     }
     sampling.seed = flags.seed;
     let config = cmd.server.server_config(sampling);
-    let scheduler = cmd.server.scheduler_config();
+    let mut scheduler = cmd.server.scheduler_config();
+    scheduler.speculation = cmd.speculation.speculation()?;
     let mut engine_flags = cmd.engine.clone();
     if cmd.server.max_resident.is_some() {
         // Each load's residency comes from the budget; naming one here
@@ -98,11 +103,13 @@ pub fn run(cmd: ServeCommand, explicit_sampling: &[&str]) -> Result<()> {
     let loaders: Vec<(String, Arc<dyn ModelLoader>)> = paths
         .iter()
         .zip(names)
-        .map(|(path, name)| {
+        .enumerate()
+        .map(|(i, (path, name))| {
             let loader: Arc<dyn ModelLoader> = Arc::new(CheckpointLoader {
                 path: path.clone(),
                 flags: engine_flags.clone(),
                 scheduler: scheduler.clone(),
+                speculation: (i == 0).then(|| cmd.speculation.clone()),
                 quiet: cmd.output.quiet,
             });
             (name, loader)
@@ -169,6 +176,8 @@ struct CheckpointLoader {
     path: PathBuf,
     flags: EngineFlags,
     scheduler: SchedulerConfig,
+    /// The `--draft` to attach (the first model only).
+    speculation: Option<SpeculationFlags>,
     quiet: bool,
 }
 
@@ -208,9 +217,12 @@ impl ModelLoader for CheckpointLoader {
         if let Some(budget) = budget {
             options.residency = self.planner()?.within(&options, budget).residency;
         }
-        let result = load_with(&self.path, options, true).and_then(|loaded| {
+        let result = load_with(&self.path, options, true).and_then(|mut loaded| {
             if !self.quiet {
                 eprintln!("{}", header(&loaded));
+            }
+            if let Some(speculation) = &self.speculation {
+                speculation.attach_draft(&mut loaded.model, &self.flags, self.quiet)?;
             }
             let residency = residency_name(loaded.options.residency);
             let memory_bytes = loaded.model.memory_plan().peak_bytes;

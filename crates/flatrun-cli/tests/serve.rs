@@ -118,3 +118,70 @@ fn serve_reports_a_busy_port() {
     assert_eq!(out.status.code(), Some(1));
     assert!(stderr_of(&out).contains("--port"), "{}", stderr_of(&out));
 }
+
+#[test]
+fn serve_speculates_with_prompt_lookup_and_keeps_the_greedy_answer() {
+    let Some(model) = smollm2() else { return };
+    let Some(python) = python_with("openai") else {
+        return;
+    };
+    let prompt = "Copy this line twice: alpha beta gamma delta epsilon zeta eta theta iota kappa";
+    let max = "48";
+    let reference = flatrun()
+        .arg("run")
+        .arg("--model")
+        .arg(&model)
+        .args(["--chat", "-q", "--ctx", "1024", "--max-new", max])
+        .args(["--prompt", prompt])
+        .output()
+        .unwrap();
+    assert!(reference.status.success(), "{}", stderr_of(&reference));
+    let expected = stdout_of(&reference);
+    let expected = expected.strip_suffix('\n').unwrap_or(&expected).to_string();
+
+    let mut server = ServeProcess::start(&model, &["--ctx", "1024", "--lookup", "-q"], &[]);
+    server.wait_healthy();
+    // The same request with speculation (the server's default) and with a
+    // request's `speculative.n_max: 0`, through the official SDK.
+    let script = r#"
+import json, os, sys, urllib.request
+import openai
+base = os.environ["BASE"]
+client = openai.OpenAI(base_url=base + "/v1", api_key="none")
+def ask(extra):
+    r = client.chat.completions.create(
+        model=os.environ["NAME"], messages=[{"role": "user", "content": os.environ["PROMPT"]}],
+        max_tokens=int(os.environ["MAX"]), temperature=0, extra_body=extra)
+    return r.choices[0].message.content
+spec = ask({"cache_prompt": False})
+metrics = urllib.request.urlopen(base + "/metrics").read().decode()
+plain = ask({"cache_prompt": False, "speculative.n_max": 0})
+counters = {l.split()[0]: float(l.split()[1]) for l in metrics.splitlines()
+            if l.startswith("flatrun_speculative_")}
+print(json.dumps({"spec": spec, "plain": plain, "counters": counters}))
+"#;
+    let output = Command::new(&python)
+        .args(["-c", script])
+        .env("BASE", format!("http://{}", server.address))
+        .env("PROMPT", prompt)
+        .env("MAX", max)
+        .env(
+            "NAME",
+            model
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches(".gguf"),
+        )
+        .output()
+        .expect("run the SDK client");
+    assert!(output.status.success(), "{}", stderr_of(&output));
+    let report: serde_json::Value = serde_json::from_str(stdout_of(&output).trim()).unwrap();
+    eprintln!("{report}");
+    assert_eq!(report["spec"], expected.as_str());
+    assert_eq!(report["plain"], expected.as_str());
+    let counters = &report["counters"];
+    assert!(counters["flatrun_speculative_passes_total"].as_f64() > Some(0.0));
+    assert!(counters["flatrun_speculative_accepted_tokens_total"].as_f64() > Some(0.0));
+    assert!(server.terminate().success());
+}

@@ -36,6 +36,7 @@ mod distribution;
 mod finish;
 mod logprobs;
 mod rng;
+mod speculation;
 mod stop;
 mod weights;
 
@@ -44,6 +45,7 @@ pub use distribution::{Distribution, Verdict};
 pub use finish::FinishReason;
 pub use logprobs::{TokenLogprobs, log_sum_exp, token_logprobs};
 pub use rng::Xoshiro256;
+pub use speculation::{DraftLength, PromptLookup, ProposerKind, Speculation};
 pub use stop::{StopMatcher, StopResult};
 
 use std::collections::HashMap;

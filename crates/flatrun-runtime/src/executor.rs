@@ -96,13 +96,13 @@ impl Sequence {
 
     /// Whether dropping tokens costs a replay (a hybrid model's recurrent
     /// state cannot be rewound by truncation alone).
-    pub(crate) fn has_recurrent_state(&self) -> bool {
+    pub fn has_recurrent_state(&self) -> bool {
         self.recurrent.is_used()
     }
 
     /// A point to come back to with [`Sequence::rollback`]: the length, and
     /// a copy of the recurrent state (hybrid models only; a few hundred KiB).
-    pub(crate) fn checkpoint(&self) -> SequenceCheckpoint {
+    pub fn checkpoint(&self) -> SequenceCheckpoint {
         SequenceCheckpoint {
             len: self.tokens.len(),
             recurrent: self.recurrent.is_used().then(|| self.recurrent.clone()),
@@ -111,7 +111,7 @@ impl Sequence {
 
     /// Back to `point`: later tokens and their KV dropped, the recurrent
     /// state as it was then (no replay needed).
-    pub(crate) fn rollback(&mut self, point: SequenceCheckpoint) {
+    pub fn rollback(&mut self, point: SequenceCheckpoint) {
         self.tokens.truncate(point.len);
         self.kv.truncate(point.len);
         if let Some(state) = point.recurrent {
@@ -133,9 +133,16 @@ pub enum KvShift {
 
 /// A saved point of a [`Sequence`] (see [`Sequence::checkpoint`]).
 #[derive(Debug)]
-pub(crate) struct SequenceCheckpoint {
+pub struct SequenceCheckpoint {
     len: usize,
     recurrent: Option<RecurrentState>,
+}
+
+impl SequenceCheckpoint {
+    /// Tokens the sequence held at the checkpoint.
+    pub fn position(&self) -> usize {
+        self.len
+    }
 }
 
 /// What a step returns besides the last position's logits.

@@ -148,11 +148,15 @@ impl<'m> Generation<'m> {
                                 "speculation with a draft model, but none is attached".into(),
                             )
                         })?;
-                        ActiveProposer::Draft(Box::new(DraftState::new(draft, &opts.sampling)))
+                        ActiveProposer::Draft(Box::new(DraftState::new(
+                            draft,
+                            &opts.sampling,
+                            draft.executor().context_size(),
+                        )))
                     }
                 };
                 Some(SpeculativeRun {
-                    length: DraftLength::new(spec),
+                    length: DraftLength::new(spec.draft_max, spec.adaptive),
                     proposer,
                 })
             }
@@ -247,7 +251,7 @@ impl<'m> Generation<'m> {
         context.extend_from_slice(self.seq.tokens());
         context.extend_from_slice(&self.pending);
         let mut proposal = match &mut run.proposer {
-            ActiveProposer::Lookup(lookup) => lookup.propose(&context, k)?,
+            ActiveProposer::Lookup(lookup) => Proposer::propose(lookup, &context, k)?,
             ActiveProposer::Draft(state) => {
                 let draft =
                     self.model.draft.as_deref_mut().ok_or_else(|| {

@@ -48,14 +48,16 @@ mod weights_override;
 
 // Loading and running a model.
 pub use error::{Result, RuntimeError};
-pub use executor::{KvShift, Sequence, StepOptions, StepOutput, StreamingExecutor};
+pub use executor::{
+    KvShift, Sequence, SequenceCheckpoint, StepOptions, StepOutput, StreamingExecutor,
+};
 pub use generate::{GenerateOptions, Generation, Prompt, TokenEvent, argmax};
 pub use model::{MemoryPlanner, Model, Session, default_residency};
 pub use options::{
     BackendKind, ContextOverflow, ExpertPolicy, KvType, LoadOptions, MlxActivations, Prefetch,
     Residency, StreamReads,
 };
-pub use speculative::{ProposerKind, Speculation, SpeculativeStats};
+pub use speculative::{DraftState, ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
 pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache, ShiftRefusal};

@@ -8,8 +8,10 @@ use crate::generate::{GenerateOptions, Generation, Prompt};
 use crate::options::{ContextOverflow, LoadOptions, Residency};
 use crate::profiler::Profiler;
 use crate::residency::MemoryPlan;
+use crate::speculative::DraftState;
 use flatrun_format::StorageBackend;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
+use flatrun_model::sampling::SamplingParams;
 use flatrun_model::tokenizer::Tokenizer;
 use flatrun_model::{Checkpoint, Manifest, ModelConfig};
 use std::path::{Path, PathBuf};
@@ -135,6 +137,48 @@ impl Model {
     /// The attached draft model.
     pub fn draft(&self) -> Option<&Model> {
         self.draft.as_deref()
+    }
+
+    /// The draft model's side of one generation (its own sequence of at
+    /// most `positions` positions, and its sampler), for
+    /// [`Model::draft_proposals`]. Proposals are drawn with `sampling`
+    /// (greedy with [`SamplingParams::default`]: each proposal is then the
+    /// draft's most likely token). Fails with [`RuntimeError::Draft`] when
+    /// no draft model is attached.
+    pub fn new_draft_state(
+        &self,
+        sampling: &SamplingParams,
+        positions: usize,
+    ) -> Result<DraftState> {
+        let draft = self
+            .draft()
+            .ok_or_else(|| RuntimeError::Draft("no draft model is attached".into()))?;
+        Ok(DraftState::new(draft, sampling, positions))
+    }
+
+    /// Up to `max` tokens the attached draft model proposes after `context`
+    /// (every token so far, the one about to be fed included), run in
+    /// `state`'s sequence, which keeps what it already evaluated of
+    /// `context` and re-feeds only what changed.
+    pub fn draft_proposals(
+        &mut self,
+        state: &mut DraftState,
+        context: &[u32],
+        max: usize,
+    ) -> Result<Vec<u32>> {
+        use crate::speculative::Proposer;
+        let draft = self
+            .draft
+            .as_deref_mut()
+            .ok_or_else(|| RuntimeError::Draft("no draft model is attached".into()))?;
+        let vocab = self.executor.vocab_size();
+        let mut tokens = crate::speculative::DraftProposer::new(draft, state)
+            .propose(context, max)?
+            .tokens;
+        // A draft with a larger embedding table could name ids the target has not.
+        let valid = tokens.iter().take_while(|&&t| (t as usize) < vocab).count();
+        tokens.truncate(valid);
+        Ok(tokens)
     }
 
     /// Detach and return the draft model.

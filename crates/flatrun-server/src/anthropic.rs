@@ -24,7 +24,7 @@ use crate::engine::{Engine, GenerationRequest, GenerationStream, Usage};
 use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_answer};
 use crate::overflow;
 use crate::request_body::{RawBody, parse_json};
-use crate::request_fields::{ExtraSampling, check_stop, compile};
+use crate::request_fields::{ExtraSampling, RequestSettings, check_stop, compile};
 use crate::state::{AppState, random_id};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema};
 use flatrun_model::chat_template::ChatMessage;
@@ -411,7 +411,11 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
         Some(spec) => Some(compile(FLAVOR, engine.as_ref(), &spec, "tool_choice")?),
         None => None,
     };
-    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
+    let RequestSettings {
+        sampling,
+        cache_prompt,
+        draft_max,
+    } = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop_sequences.unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop_sequences")?;
     let input_tokens = prompt.tokens.len();
@@ -425,6 +429,7 @@ async fn messages_inner(state: AppState, body: RawBody) -> Result<Response, ApiE
             stop,
             constraint,
             cache_prompt,
+            draft_max,
             ..GenerationRequest::default()
         },
         Some(max_tokens),

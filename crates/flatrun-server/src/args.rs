@@ -122,6 +122,7 @@ impl ServeArgs {
             max_queue: self.max_queue,
             prefill_chunk: self.prefill_chunk,
             prompt_cache_bytes: self.prompt_cache as u64,
+            speculation: None,
         }
     }
 }

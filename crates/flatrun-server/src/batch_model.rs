@@ -24,6 +24,20 @@
 //! prompt chunks). A streaming runtime should load each layer once per call
 //! and apply it to every sequence of the batch.
 //!
+//! # Speculative decoding
+//!
+//! A model whose [`BatchModel::speculates`] is true lets the scheduler
+//! (configured with [`crate::SchedulerConfig::speculation`]) check several
+//! proposed tokens per sequence in one pass: once no sequence of the batch
+//! is reading its prompt, each decoding sequence is given its last sampled
+//! token followed by up to `draft_max` proposals (prompt lookup, or the
+//! model's own draft through [`BatchModel::propose`]), and
+//! [`BatchModel::verify`] returns the logits of every position. The
+//! scheduler keeps the proposals the sampler accepts (greedy: those it
+//! would have picked; sampling: speculative sampling, which keeps the
+//! target's distribution), plus the target's own next token, and
+//! [`BatchModel::truncate`]s the rest away.
+//!
 //! `new_sequence` is told how many positions the sequence will ever hold
 //! (its prompt plus `max_tokens`, never more than the context), so a runtime
 //! can size its KV cache to the request instead of the whole context.
@@ -178,6 +192,38 @@ pub trait BatchModel: Send + 'static {
         Ok(Shifted::Recompute(
             "the model cannot shift a cache in place".into(),
         ))
+    }
+    /// Whether [`BatchModel::verify`] and [`BatchModel::truncate`] work, so
+    /// that the scheduler may speculate (see the module docs).
+    fn speculates(&self) -> bool {
+        false
+    }
+    /// A speculative verification pass: [`BatchModel::step`] for decoding
+    /// sequences, each given its last sampled token and the proposals after
+    /// it, returning for every input the logits of **each** given position
+    /// (`tokens.len()` rows of `vocab_size` floats, one after the other),
+    /// each as a step of that one token would give it, so that accepting a
+    /// proposal the target would have picked itself changes nothing.
+    fn verify(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        let _ = batch;
+        Err(ModelError("this model cannot verify proposals".into()))
+    }
+    /// Drops the positions of `seq` from `len` on (the proposals a
+    /// verification pass rejected), as if they had never been fed.
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), ModelError> {
+        let _ = (seq, len);
+        Err(ModelError("this model cannot drop positions".into()))
+    }
+    /// Whether [`BatchModel::propose`] has a draft model behind it.
+    fn has_draft(&self) -> bool {
+        false
+    }
+    /// Up to `max` tokens the model's draft model proposes after `context`
+    /// (every token of `seq` so far, the one about to be fed included),
+    /// each its most likely next token.
+    fn propose(&mut self, seq: SeqId, context: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
+        let _ = (seq, context, max);
+        Ok(Vec::new())
     }
     /// Bytes the KV cache of `seq` occupies (its written positions).
     fn kv_bytes(&self, seq: SeqId) -> u64 {

@@ -48,6 +48,11 @@ pub struct GenerationRequest {
     /// the context, drop the oldest half of its tokens after the first
     /// `keep` and go on; otherwise stop with [`FinishReason::Context`].
     pub shift: bool,
+    /// Most tokens proposed per pass when the server speculates
+    /// ([`crate::SchedulerConfig::speculation`]): `None` takes the server's
+    /// `draft_max`, `Some(0)` turns speculation off for this request
+    /// (llama-server's `speculative.n_max`).
+    pub draft_max: Option<usize>,
 }
 
 impl Default for GenerationRequest {
@@ -62,6 +67,7 @@ impl Default for GenerationRequest {
             cache_prompt: true,
             keep: 0,
             shift: false,
+            draft_max: None,
         }
     }
 }
@@ -293,6 +299,11 @@ pub struct EngineStats {
     pub prompt_cache_evictions_total: u64,
     /// KV bytes in use: running sequences plus the prompt cache.
     pub kv_bytes: u64,
+    /// Speculative decoding: verification passes of one sequence with
+    /// proposals, the tokens proposed, and those accepted.
+    pub speculative_passes_total: u64,
+    pub speculative_proposed_total: u64,
+    pub speculative_accepted_total: u64,
     /// Model bytes currently resident (weights in memory), if known.
     pub resident_bytes: Option<u64>,
     /// Total model weight bytes, if known.

@@ -103,4 +103,4 @@ pub use state::{AppState, EngineSlot};
 
 // The model crate's types that cross the engine interface.
 pub use flatrun_model::chat_template::ChatMessage;
-pub use flatrun_model::sampling::{FinishReason, SamplingParams};
+pub use flatrun_model::sampling::{FinishReason, ProposerKind, SamplingParams, Speculation};

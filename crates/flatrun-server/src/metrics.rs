@@ -178,6 +178,24 @@ impl Metrics {
         );
         for (name, kind, help, value) in [
             (
+                "flatrun_speculative_passes_total",
+                "counter",
+                "Verification passes of a sequence with proposed tokens.",
+                stats.speculative_passes_total,
+            ),
+            (
+                "flatrun_speculative_proposed_tokens_total",
+                "counter",
+                "Tokens proposed by speculative decoding (prompt lookup or the draft model).",
+                stats.speculative_proposed_total,
+            ),
+            (
+                "flatrun_speculative_accepted_tokens_total",
+                "counter",
+                "Proposed tokens the target model accepted.",
+                stats.speculative_accepted_total,
+            ),
+            (
                 "flatrun_prefix_cache_lookups_total",
                 "counter",
                 "Requests that looked for a shared prompt prefix to reuse.",

@@ -9,6 +9,9 @@
 //!   repeats forever). The favoured token gets logit 8, printable ASCII gets
 //!   a small pseudo-random logit, everything else −∞, so greedy decoding
 //!   returns the reply exactly and sampling with a seed is reproducible.
+//! - Speculative decoding: [`BatchModel::verify`] returns every position's
+//!   logits and [`BatchModel::truncate`] drops positions; with
+//!   [`MockConfig::draft`] a "draft model" proposes the reply.
 //! - Each step sleeps `step_delay` once, whatever the batch size, like a
 //!   streaming runtime whose cost is loading the layers.
 //!
@@ -66,6 +69,9 @@ pub struct MockConfig {
     /// Fork sequences at a prefix (prompt reuse; off by default, so that
     /// finished sequences are freed at once).
     pub prefix_reuse: bool,
+    /// Give the mock a draft model ([`BatchModel::propose`]) that proposes
+    /// the reply's next bytes but gets every fifth position wrong.
+    pub draft: bool,
 }
 
 impl Default for MockConfig {
@@ -77,6 +83,7 @@ impl Default for MockConfig {
             repeat: false,
             step_delay: Duration::ZERO,
             prefix_reuse: false,
+            draft: false,
         }
     }
 }
@@ -94,6 +101,8 @@ pub struct MockStats {
     pub max_batch: AtomicUsize,
     /// Tokens fed to steps (prompt and generated), since start.
     pub tokens_fed: AtomicU64,
+    /// Calls of [`BatchModel::truncate`] (rejected proposals dropped).
+    pub truncations: AtomicU64,
 }
 
 /// The text side of the mock.
@@ -253,17 +262,72 @@ impl MockModel {
         }
     }
 
-    /// Logits after `generated` answer tokens of a sequence whose `fed`
-    /// tokens so far are known.
-    fn logits(&self, generated: usize, fed: usize) -> Vec<f32> {
+    /// One "pass through the layers" for the whole batch: the logits of
+    /// each input's last position, or with `all` of every position.
+    fn pass(&mut self, batch: &[StepInput<'_>], all: bool) -> Result<Vec<Vec<f32>>, ModelError> {
+        // One "pass through the layers" for the whole batch.
+        if !self.config.step_delay.is_zero() {
+            std::thread::sleep(self.config.step_delay);
+        }
+        self.stats.steps.fetch_add(1, Ordering::SeqCst);
+        self.stats
+            .max_batch
+            .fetch_max(batch.len(), Ordering::SeqCst);
+        let mut out = Vec::with_capacity(batch.len());
+        for input in batch {
+            let sequence = self
+                .sequences
+                .get_mut(&input.seq)
+                .ok_or_else(|| ModelError(format!("unknown sequence {}", input.seq.0)))?;
+            sequence.fed += input.tokens.len();
+            self.stats
+                .tokens_fed
+                .fetch_add(input.tokens.len() as u64, Ordering::SeqCst);
+            // Like a KV cache sized at `new_sequence`: no room past it.
+            let room = sequence.capacity.min(self.config.context_length);
+            if sequence.fed > room {
+                return Err(ModelError(format!(
+                    "sequence {} overflows its {room} positions",
+                    input.seq.0
+                )));
+            }
+            let fed = sequence.fed;
+            if all {
+                // Every position fed, as one-token steps would see them.
+                let first = fed - input.tokens.len() + 1;
+                let prompt_len = *sequence.prompt_len.get_or_insert(first);
+                let rows = (first..=fed)
+                    .flat_map(|f| self.logits(f.saturating_sub(prompt_len), f))
+                    .collect();
+                out.push(rows);
+                continue;
+            }
+            if !input.logits_needed {
+                out.push(Vec::new());
+                continue;
+            }
+            let prompt_len = *sequence.prompt_len.get_or_insert(fed);
+            out.push(self.logits(fed - prompt_len, fed));
+        }
+        Ok(out)
+    }
+
+    /// The favoured token after `generated` answer tokens.
+    fn target(&self, generated: usize) -> u32 {
         let reply = self.config.reply.as_bytes();
-        let target = if reply.is_empty() {
+        if reply.is_empty() {
             EOS
         } else if self.config.repeat {
             u32::from(reply[generated % reply.len()])
         } else {
             reply.get(generated).map_or(EOS, |&b| u32::from(b))
-        };
+        }
+    }
+
+    /// Logits after `generated` answer tokens of a sequence whose `fed`
+    /// tokens so far are known.
+    fn logits(&self, generated: usize, fed: usize) -> Vec<f32> {
+        let target = self.target(generated);
         let mut logits = vec![f32::NEG_INFINITY; VOCAB_SIZE];
         for (id, logit) in logits.iter_mut().enumerate().take(127).skip(32) {
             *logit = noise(fed as u64, id as u64) * 2.0;
@@ -326,41 +390,52 @@ impl BatchModel for MockModel {
     }
 
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
-        // One "pass through the layers" for the whole batch.
-        if !self.config.step_delay.is_zero() {
-            std::thread::sleep(self.config.step_delay);
+        self.pass(batch, false)
+    }
+
+    fn speculates(&self) -> bool {
+        true
+    }
+
+    fn verify(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.pass(batch, true)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), ModelError> {
+        let sequence = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or_else(|| ModelError(format!("unknown sequence {}", seq.0)))?;
+        if len > sequence.fed {
+            return Err(ModelError(format!(
+                "sequence {} holds {} positions, not {len}",
+                seq.0, sequence.fed
+            )));
         }
-        self.stats.steps.fetch_add(1, Ordering::SeqCst);
-        self.stats
-            .max_batch
-            .fetch_max(batch.len(), Ordering::SeqCst);
-        let mut out = Vec::with_capacity(batch.len());
-        for input in batch {
-            let sequence = self
-                .sequences
-                .get_mut(&input.seq)
-                .ok_or_else(|| ModelError(format!("unknown sequence {}", input.seq.0)))?;
-            sequence.fed += input.tokens.len();
-            self.stats
-                .tokens_fed
-                .fetch_add(input.tokens.len() as u64, Ordering::SeqCst);
-            // Like a KV cache sized at `new_sequence`: no room past it.
-            let room = sequence.capacity.min(self.config.context_length);
-            if sequence.fed > room {
-                return Err(ModelError(format!(
-                    "sequence {} overflows its {room} positions",
-                    input.seq.0
-                )));
-            }
-            if !input.logits_needed {
-                out.push(Vec::new());
-                continue;
-            }
-            let fed = sequence.fed;
-            let prompt_len = *sequence.prompt_len.get_or_insert(fed);
-            out.push(self.logits(fed - prompt_len, fed));
-        }
-        Ok(out)
+        sequence.fed = len;
+        self.stats.truncations.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn has_draft(&self) -> bool {
+        self.config.draft
+    }
+
+    fn propose(&mut self, seq: SeqId, context: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
+        let sequence = self
+            .sequences
+            .get(&seq)
+            .ok_or_else(|| ModelError(format!("unknown sequence {}", seq.0)))?;
+        let prompt_len = sequence.prompt_len.unwrap_or(context.len());
+        Ok((context.len()..context.len() + max)
+            .map(|position| {
+                if position % 5 == 0 {
+                    u32::from(b'#')
+                } else {
+                    self.target(position - prompt_len)
+                }
+            })
+            .collect())
     }
 
     fn free(&mut self, seq: SeqId) {

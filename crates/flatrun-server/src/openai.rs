@@ -25,7 +25,9 @@ use crate::output::{Collected, GenerationItem, OutputEvent, OutputParser, parse_
 use crate::overflow;
 use crate::prefix_cache::common_prefix;
 use crate::request_body::{RawBody, parse_json};
-use crate::request_fields::{ExtraSampling, check_stop, compile, response_format_grammar};
+use crate::request_fields::{
+    ExtraSampling, RequestSettings, check_stop, compile, response_format_grammar,
+};
 use crate::state::{AppState, random_id, unix_time};
 use crate::tool_defs::{ToolChoice, ToolDef, ToolSet, check_name, check_schema};
 use flatrun_model::chat_template::ChatMessage;
@@ -628,7 +630,11 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
+    let RequestSettings {
+        sampling,
+        cache_prompt,
+        draft_max,
+    } = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     let generation = GenerationRequest {
@@ -639,6 +645,7 @@ async fn chat_completions_inner(state: AppState, body: RawBody) -> Result<Respon
         logprobs: top_logprobs,
         constraint,
         cache_prompt,
+        draft_max,
         ..GenerationRequest::default()
     };
     let streams = submit_n(&state, engine.as_ref(), generation, max_tokens, n)?;
@@ -895,7 +902,11 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         Some((field, spec)) => Some(compile(FLAVOR, engine.as_ref(), spec, field)?),
         None => None,
     };
-    let (sampling, cache_prompt) = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
+    let RequestSettings {
+        sampling,
+        cache_prompt,
+        draft_max,
+    } = request.extra.resolve(FLAVOR, &state, engine.as_ref())?;
     let stop = request.stop.map(StopField::into_vec).unwrap_or_default();
     check_stop(FLAVOR, &stop, "stop")?;
     // OpenAI's legacy default is 16 tokens.
@@ -950,6 +961,7 @@ async fn completions_inner(state: AppState, body: RawBody) -> Result<Response, A
         stop,
         logprobs,
         constraint,
+        draft_max,
         ..GenerationRequest::default()
     };
     let streams = submit_n(&state, engine.as_ref(), generation, max_tokens, n)?;

@@ -20,8 +20,8 @@ use flatrun_model::sampling::{ConstraintFactory, SamplingParams};
 /// `temperature`, `top_p` and `seed` are OpenAI's (Anthropic's without the
 /// seed), as are `frequency_penalty`, `presence_penalty` and `logit_bias`;
 /// `min_p`, `repeat_penalty`, `top_k` (Anthropic's own) and
-/// `penalty_window` are llama-server / vLLM extensions, and so is
-/// `cache_prompt`.
+/// `penalty_window` are llama-server / vLLM extensions, and so are
+/// `cache_prompt` and `speculative.n_max`.
 #[derive(Debug, Default, Deserialize)]
 pub struct ExtraSampling {
     #[serde(default)]
@@ -50,17 +50,36 @@ pub struct ExtraSampling {
     /// prefix nor keeps this request's KV for later ones.
     #[serde(default)]
     pub cache_prompt: Option<bool>,
+    /// llama-server's `speculative.n_max` (also `draft_max`): most tokens
+    /// proposed per pass when the server speculates; 0 turns speculation
+    /// off for this request.
+    #[serde(default, rename = "speculative.n_max", alias = "draft_max")]
+    pub draft_max: Option<usize>,
 }
+
+/// A request's settings beyond its prompt and limits.
+#[derive(Debug)]
+pub struct RequestSettings {
+    pub sampling: SamplingParams,
+    /// Reuse and keep a prompt cache.
+    pub cache_prompt: bool,
+    /// The request's draft length, if it set one.
+    pub draft_max: Option<usize>,
+}
+
+/// The longest draft a request may ask for.
+pub const MAX_DRAFT_MAX: usize = 64;
 
 impl ExtraSampling {
     /// The request's sampling (the server's defaults under the request's
-    /// fields, checked) and whether it may reuse and keep a prompt cache.
+    /// fields, checked), whether it may reuse and keep a prompt cache, and
+    /// its draft length.
     pub fn resolve(
         self,
         flavor: ApiFlavor,
         state: &AppState,
         engine: &dyn Engine,
-    ) -> Result<(SamplingParams, bool), ApiError> {
+    ) -> Result<RequestSettings, ApiError> {
         let mut sampling = state.sampling(SamplingOverrides {
             temperature: self.temperature,
             top_p: self.top_p,
@@ -68,8 +87,19 @@ impl ExtraSampling {
             seed: self.seed,
         });
         let cache_prompt = self.cache_prompt.unwrap_or(true);
+        let draft_max = self.draft_max;
+        if let Some(n) = draft_max.filter(|&n| n > MAX_DRAFT_MAX) {
+            return Err(ApiError::invalid(
+                flavor,
+                format!("speculative.n_max must be at most {MAX_DRAFT_MAX}, got {n}"),
+            ));
+        }
         self.apply(flavor, engine, &mut sampling)?;
-        Ok((sampling, cache_prompt))
+        Ok(RequestSettings {
+            sampling,
+            cache_prompt,
+            draft_max,
+        })
     }
 
     /// Checks the fields (OpenAI's ranges) and writes them into `params`.

@@ -32,7 +32,10 @@ use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::sampling::{TokenLogprobs, Vocabulary};
 use flatrun_model::tokenizer::StreamDecoder;
-use flatrun_runtime::{KvShift, Model, RuntimeError, Sequence, StepOptions, Tokenizer};
+use flatrun_runtime::{
+    DraftState, KvShift, Model, RuntimeError, SamplingParams, Sequence, SequenceCheckpoint,
+    StepOptions, Tokenizer,
+};
 
 use crate::batch_model::{
     BatchModel, ModelError, Residency, SeqId, Shifted, StepInput, TextModel, TokenTextStream,
@@ -192,6 +195,12 @@ impl TextModel for RuntimeText {
 pub struct RuntimeBatchModel {
     model: Model,
     sequences: HashMap<SeqId, Sequence>,
+    /// The draft model's sequences (speculation with `--draft`), one per
+    /// sequence that asked for proposals.
+    drafts: HashMap<SeqId, DraftState>,
+    /// Hybrid sequences as they were before a verification pass (their
+    /// recurrent state, and the tokens the pass fed), to go back to.
+    checkpoints: HashMap<SeqId, (SequenceCheckpoint, Vec<u32>)>,
     next_id: u64,
 }
 
@@ -200,8 +209,64 @@ impl RuntimeBatchModel {
         RuntimeBatchModel {
             model,
             sequences: HashMap::new(),
+            drafts: HashMap::new(),
+            checkpoints: HashMap::new(),
             next_id: 0,
         }
+    }
+
+    /// Runs one pass over the batch's sequences: `verify` gives every
+    /// position the logits of a one-token step and returns them all.
+    fn pass(&mut self, batch: &[StepInput<'_>], verify: bool) -> Result<Vec<Vec<f32>>, ModelError> {
+        // Take the batch's sequences out of the map to borrow them all mutably.
+        let mut taken = Vec::with_capacity(batch.len());
+        for input in batch {
+            match self.sequences.remove(&input.seq) {
+                Some(seq) => taken.push((input.seq, seq)),
+                None => {
+                    self.sequences.extend(taken);
+                    return Err(ModelError(format!("unknown sequence {:?}", input.seq)));
+                }
+            }
+        }
+        self.checkpoints.clear();
+        if verify {
+            for ((id, seq), input) in taken.iter().zip(batch) {
+                if seq.has_recurrent_state() && input.tokens.len() > 1 {
+                    self.checkpoints
+                        .insert(*id, (seq.checkpoint(), input.tokens.to_vec()));
+                }
+            }
+        }
+        // One pass through the layers for every sequence of the batch.
+        let result = {
+            let mut pairs: Vec<(&mut Sequence, &[u32])> = taken
+                .iter_mut()
+                .zip(batch)
+                .map(|((_, seq), input)| (seq, input.tokens))
+                .collect();
+            let executor = self.model.executor_mut();
+            if verify {
+                let opts = StepOptions {
+                    all_logits: true,
+                    ..StepOptions::default()
+                };
+                executor.step_batch_verify(&mut pairs, opts)
+            } else {
+                executor.step_batch(&mut pairs, StepOptions::default())
+            }
+        };
+        self.sequences.extend(taken);
+        let outputs = result.map_err(|e| ModelError(e.to_string()))?;
+        Ok(outputs
+            .into_iter()
+            .zip(batch)
+            .map(|(out, input)| match out.all_logits {
+                Some(all) if verify => all,
+                _ if input.logits_needed => out.logits,
+                _ => Vec::new(),
+            })
+            .collect())
     }
 }
 
@@ -216,45 +281,72 @@ impl BatchModel for RuntimeBatchModel {
     }
 
     fn step(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
-        // Take the batch's sequences out of the map to borrow them all mutably.
-        let mut taken = Vec::with_capacity(batch.len());
-        for input in batch {
-            match self.sequences.remove(&input.seq) {
-                Some(seq) => taken.push((input.seq, seq)),
-                None => {
-                    self.sequences.extend(taken);
-                    return Err(ModelError(format!("unknown sequence {:?}", input.seq)));
+        self.pass(batch, false)
+    }
+
+    fn speculates(&self) -> bool {
+        true
+    }
+
+    fn verify(&mut self, batch: &[StepInput<'_>]) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.pass(batch, true)
+    }
+
+    fn truncate(&mut self, seq: SeqId, len: usize) -> Result<(), ModelError> {
+        let sequence = self
+            .sequences
+            .get_mut(&seq)
+            .ok_or_else(|| ModelError(format!("unknown sequence {seq:?}")))?;
+        match self.checkpoints.remove(&seq) {
+            // A recurrent state has absorbed the rejected proposals: back to
+            // its checkpoint, and the kept tokens once more.
+            Some((point, fed)) if len < sequence.len() && (point.position()..).contains(&len) => {
+                let kept = fed[..(len - point.position()).min(fed.len())].to_vec();
+                sequence.rollback(point);
+                if !kept.is_empty() {
+                    let opts = StepOptions {
+                        no_logits: true,
+                        ..StepOptions::default()
+                    };
+                    self.model
+                        .executor_mut()
+                        .step_batch_verify(&mut [(sequence, &kept[..])], opts)
+                        .map_err(|e| ModelError(e.to_string()))?;
                 }
             }
+            _ => sequence.truncate(len),
         }
-        // One pass through the layers for every sequence of the batch.
-        let result = {
-            let mut pairs: Vec<(&mut Sequence, &[u32])> = taken
-                .iter_mut()
-                .zip(batch)
-                .map(|((_, seq), input)| (seq, input.tokens))
-                .collect();
-            self.model
-                .executor_mut()
-                .step_batch(&mut pairs, StepOptions::default())
+        Ok(())
+    }
+
+    fn has_draft(&self) -> bool {
+        self.model.draft().is_some()
+    }
+
+    fn propose(&mut self, seq: SeqId, context: &[u32], max: usize) -> Result<Vec<u32>, ModelError> {
+        // The draft's cache holds as many positions as the target's.
+        let positions = self
+            .sequences
+            .get(&seq)
+            .ok_or_else(|| ModelError(format!("unknown sequence {seq:?}")))?
+            .capacity();
+        let state = match self.drafts.entry(seq) {
+            std::collections::hash_map::Entry::Occupied(entry) => entry.into_mut(),
+            std::collections::hash_map::Entry::Vacant(entry) => entry.insert(
+                self.model
+                    .new_draft_state(&SamplingParams::default(), positions)
+                    .map_err(|e| ModelError(e.to_string()))?,
+            ),
         };
-        self.sequences.extend(taken);
-        let outputs = result.map_err(|e| ModelError(e.to_string()))?;
-        Ok(outputs
-            .into_iter()
-            .zip(batch)
-            .map(|(out, input)| {
-                if input.logits_needed {
-                    out.logits
-                } else {
-                    Vec::new()
-                }
-            })
-            .collect())
+        self.model
+            .draft_proposals(state, context, max)
+            .map_err(|e| ModelError(e.to_string()))
     }
 
     fn free(&mut self, seq: SeqId) {
         self.sequences.remove(&seq);
+        self.drafts.remove(&seq);
+        self.checkpoints.remove(&seq);
     }
 
     fn reuses_prefixes(&self) -> bool {

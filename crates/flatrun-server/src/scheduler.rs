@@ -8,6 +8,9 @@
 //! 4. runs **one** [`BatchModel::step`] for every running sequence: a prompt
 //!    chunk for those still reading their prompt, the last sampled token for
 //!    the others;
+//!    (with [`SchedulerConfig::speculation`], once no sequence reads its
+//!    prompt, the last sampled token followed by the sequence's proposals,
+//!    checked by [`BatchModel::verify`]);
 //! 5. samples a token for each sequence that got logits
 //!    ([`flatrun_model::sampling::Sampler`]), detokenizes it (the model's
 //!    [`TextModel::stream_decoder`]), checks the stop strings
@@ -38,8 +41,8 @@ use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::sampling::Vocabulary;
 use flatrun_model::sampling::{
-    FinishReason, Sampler, SamplingParams, StopMatcher, TokenConstraint, TokenLogprobs,
-    token_logprobs,
+    Distribution, DraftLength, FinishReason, PromptLookup, ProposerKind, Sampler, SamplingParams,
+    Speculation, StopMatcher, TokenConstraint, TokenLogprobs, Verdict, token_logprobs,
 };
 
 /// Limits of the batch scheduler.
@@ -55,6 +58,11 @@ pub struct SchedulerConfig {
     /// KV bytes of finished sequences kept for prefix reuse
     /// (`--prompt-cache`; 0: none kept).
     pub prompt_cache_bytes: u64,
+    /// Speculative decoding (`--lookup`, `--draft`), for models that can
+    /// verify proposals ([`BatchModel::speculates`]); requests may lower
+    /// or turn off their draft length
+    /// ([`GenerationRequest::draft_max`]).
+    pub speculation: Option<Speculation>,
 }
 
 /// The default `--prompt-cache`: 512 MiB of KV.
@@ -71,6 +79,7 @@ impl Default for SchedulerConfig {
             max_queue: 32,
             prefill_chunk: 256,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            speculation: None,
         }
     }
 }
@@ -128,6 +137,10 @@ struct Shared {
     grammar_masks: AtomicU64,
     grammar_mask_us: AtomicU64,
     grammar_wait_us: AtomicU64,
+    /// Speculative passes (per sequence), proposed and accepted tokens.
+    spec_passes: AtomicU64,
+    spec_proposed: AtomicU64,
+    spec_accepted: AtomicU64,
     /// f64 bits of the smoothed tokens/s.
     tokens_per_second_bits: AtomicU64,
     /// Milliseconds since `started` of the last step.
@@ -160,7 +173,15 @@ impl BatchEngine {
             max_queue: config.max_queue,
             prefill_chunk: config.prefill_chunk.max(1),
             prompt_cache_bytes: config.prompt_cache_bytes,
+            speculation: config.speculation,
         };
+        if let Some(spec) = &config.speculation {
+            if !model.speculates() {
+                tracing::warn!("this model cannot verify proposals: no speculative decoding");
+            } else if spec.proposer == ProposerKind::Draft && !model.has_draft() {
+                tracing::warn!("speculation with a draft model, but none is attached");
+            }
+        }
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(Shared::default());
         let started = Instant::now();
@@ -354,6 +375,9 @@ impl Engine for BatchEngine {
             prompt_cache_evictions_total: s.prompt_cache_evictions.load(Ordering::Relaxed),
             kv_bytes: s.active_kv_bytes.load(Ordering::Relaxed)
                 + s.prompt_cache_bytes.load(Ordering::Relaxed),
+            speculative_passes_total: s.spec_passes.load(Ordering::Relaxed),
+            speculative_proposed_total: s.spec_proposed.load(Ordering::Relaxed),
+            speculative_accepted_total: s.spec_accepted.load(Ordering::Relaxed),
             resident_bytes: has_residency.then(|| s.resident_bytes.load(Ordering::Relaxed)),
             model_bytes: has_residency.then(|| s.model_bytes.load(Ordering::Relaxed)),
         }
@@ -457,6 +481,9 @@ struct Running<'t> {
     sampler: Sampler,
     /// The grammar the tokens must follow, if any.
     constraint: Option<Box<dyn TokenConstraint>>,
+    /// Speculative decoding of this sequence, when the server and the
+    /// request want it.
+    speculation: Option<SequenceSpeculation>,
     /// Always `Some` until the generation finishes.
     decoder: Option<Box<dyn TokenTextStream + 't>>,
     stop: StopMatcher,
@@ -517,6 +544,35 @@ impl Running<'_> {
         });
         self.held.drain(..result.emit.len().min(self.held.len()));
         (result.emit, stopped)
+    }
+}
+
+/// Speculative decoding of one sequence: where its proposals come from
+/// and how many to make.
+struct SequenceSpeculation {
+    /// `None`: the model's draft ([`BatchModel::propose`]).
+    lookup: Option<PromptLookup>,
+    length: DraftLength,
+}
+
+/// Most tokens a request may ask to be proposed per pass.
+const MAX_DRAFT: usize = 64;
+
+impl SequenceSpeculation {
+    /// The sequence's speculation under the server's settings, with the
+    /// request's draft length (`None` when that is 0).
+    fn new(spec: &Speculation, request_max: Option<usize>) -> Option<SequenceSpeculation> {
+        let max = request_max.unwrap_or(spec.draft_max).min(MAX_DRAFT);
+        (max > 0).then(|| SequenceSpeculation {
+            lookup: match spec.proposer {
+                ProposerKind::Lookup {
+                    ngram_max,
+                    ngram_min,
+                } => Some(PromptLookup::new(ngram_max, ngram_min)),
+                ProposerKind::Draft => None,
+            },
+            length: DraftLength::new(max, spec.adaptive),
+        })
     }
 }
 
@@ -777,6 +833,14 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             Ok((seq, cached)) => {
                 let sampler = Sampler::new(job.request.sampling.clone());
                 let stop = StopMatcher::new(job.request.stop.iter().cloned());
+                // Proposals cannot be checked against a grammar's masks.
+                let speculation = self
+                    .config
+                    .speculation
+                    .as_ref()
+                    .filter(|_| self.model.speculates() && constraint.is_none())
+                    .filter(|spec| spec.proposer != ProposerKind::Draft || self.model.has_draft())
+                    .and_then(|spec| SequenceSpeculation::new(spec, job.request.draft_max));
                 self.active.push(Running {
                     seq,
                     feed: job.request.prompt.clone(),
@@ -791,6 +855,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                     generated: Vec::new(),
                     sampler,
                     constraint,
+                    speculation,
                     decoder: Some(self.text.stream_decoder()),
                     stop,
                     held: String::new(),
@@ -892,8 +957,75 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         s.active_kv_bytes.store(active, Ordering::Relaxed);
     }
 
+    /// The tokens proposed after each running sequence's last sampled token
+    /// (empty for a sequence that does not speculate now). Nothing is
+    /// proposed while a sequence of the batch reads its prompt: a
+    /// verification pass computes every row as a one-token step would,
+    /// which a prompt chunk should not pay for.
+    fn proposals(&mut self) -> Vec<Vec<u32>> {
+        let mut proposals = vec![Vec::new(); self.active.len()];
+        if self.active.iter().any(Running::prefilling) {
+            return proposals;
+        }
+        for (running, proposal) in self.active.iter_mut().zip(&mut proposals) {
+            let Some((length, lookup)) = running
+                .speculation
+                .as_ref()
+                .map(|spec| (spec.length.get(), spec.lookup.clone()))
+            else {
+                continue;
+            };
+            // Room for the proposals: the tokens still wanted after the one
+            // the pass produces anyway, and the positions left after the
+            // last sampled token.
+            let wanted = running
+                .job
+                .request
+                .max_tokens
+                .saturating_sub(running.generated.len() + 1);
+            let room = running.capacity.saturating_sub(running.positions());
+            let k = length.min(wanted).min(room);
+            if k == 0 {
+                continue;
+            }
+            let context: Vec<u32> = running
+                .evaluated()
+                .copied()
+                .chain([running.last_token])
+                .collect();
+            *proposal = match &lookup {
+                Some(lookup) => lookup.propose(&context, k).to_vec(),
+                None => match self.model.propose(running.seq, &context, k) {
+                    Ok(tokens) => tokens,
+                    Err(e) => {
+                        tracing::warn!("the draft model failed, speculation off: {e}");
+                        running.speculation = None;
+                        Vec::new()
+                    }
+                },
+            };
+            proposal.truncate(k);
+        }
+        proposals
+    }
+
     fn step(&mut self) {
         let chunk = self.config.prefill_chunk;
+        let proposals = self.proposals();
+        let verifying = proposals.iter().any(|p| !p.is_empty());
+        // The last sampled token, then the proposals after it.
+        let feeds: Vec<Vec<u32>> = self
+            .active
+            .iter()
+            .zip(&proposals)
+            .map(|(running, proposal)| {
+                if proposal.is_empty() {
+                    Vec::new()
+                } else {
+                    [&[running.last_token][..], proposal].concat()
+                }
+            })
+            .collect();
         let step_started = Instant::now();
         // The grammars, out of the sequences while the step borrows them.
         let mut constraints: Vec<(usize, Box<dyn TokenConstraint>)> = self
@@ -908,9 +1040,16 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             let inputs: Vec<StepInput<'_>> = self
                 .active
                 .iter()
-                .map(|running| {
+                .zip(&feeds)
+                .map(|(running, feed)| {
                     let prompt = &running.feed;
-                    if running.prefilled < prompt.len() {
+                    if !feed.is_empty() {
+                        StepInput {
+                            seq: running.seq,
+                            tokens: feed,
+                            logits_needed: true,
+                        }
+                    } else if running.prefilled < prompt.len() {
                         let end = (running.prefilled + chunk).min(prompt.len());
                         StepInput {
                             seq: running.seq,
@@ -941,7 +1080,14 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                         })
                     })
                     .collect();
-                let result = catch_unwind(AssertUnwindSafe(|| model.step(&inputs)))
+                let pass = || {
+                    if verifying {
+                        model.verify(&inputs)
+                    } else {
+                        model.step(&inputs)
+                    }
+                };
+                let result = catch_unwind(AssertUnwindSafe(pass))
                     .unwrap_or_else(|_| Err(ModelError("the model panicked during a step".into())));
                 let layers_done = Instant::now();
                 let mut mask_time = std::time::Duration::ZERO;
@@ -996,14 +1142,40 @@ impl<'t, M: BatchModel> Worker<'t, M> {
         // Sample, detokenize and report, sequence by sequence.
         let mut sampled = 0u64;
         let mut outcomes = Vec::with_capacity(self.active.len());
-        for (running, mut row) in self.active.iter_mut().zip(logits) {
+        for ((running, mut row), proposed) in self.active.iter_mut().zip(logits).zip(&proposals) {
+            if !proposed.is_empty() {
+                // Positions the pass left in the cache: the last sampled
+                // token and every proposal.
+                let fed = running.evaluated_len() + 1 + proposed.len();
+                let verified = take_verified(running, &row, proposed, self.text);
+                let s = &self.shared;
+                s.spec_passes.fetch_add(1, Ordering::Relaxed);
+                s.spec_proposed
+                    .fetch_add(proposed.len() as u64, Ordering::Relaxed);
+                s.spec_accepted
+                    .fetch_add(verified.accepted as u64, Ordering::Relaxed);
+                sampled += verified.emitted as u64;
+                // Drop the KV of the rejected proposals (and of any after
+                // the end of the answer).
+                let kept = running.evaluated_len();
+                let next = if kept < fed
+                    && let Err(e) = self.model.truncate(running.seq, kept)
+                {
+                    Next::Fail(e.to_string())
+                } else {
+                    verified.next
+                };
+                outcomes.push(next);
+                continue;
+            }
             let prompt_len = running.feed.len();
             let fed_now = if running.prefilling() {
                 (running.prefilled + chunk).min(prompt_len) - running.prefilled
             } else {
                 1
             };
-            if rows >= 2 && running.exact == running.evaluated_len() {
+            // A verification pass computes each row as a one-token step.
+            if rows >= 2 && !verifying && running.exact == running.evaluated_len() {
                 running.exact += fed_now;
             }
             if !running.prefilling() {
@@ -1153,6 +1325,96 @@ fn advance(
         };
     }
     Next::Continue
+}
+
+/// What [`take_verified`] kept of a verification pass.
+struct Verified {
+    next: Next,
+    /// Proposals accepted.
+    accepted: usize,
+    /// Tokens taken into the answer (accepted proposals and the target's
+    /// own token after them, fewer when the answer ended among them).
+    emitted: usize,
+}
+
+/// Checks the proposals of a verification pass in order against the
+/// target's logits (`rows`: one row per position fed, the last sampled token
+/// first) and takes the tokens into the answer: each proposal the sampler
+/// accepts (greedy: the one it picks itself; sampling: speculative sampling,
+/// accept with min(1, p/q), which keeps the target's distribution), then
+/// the sampler's own token at the first rejection or after the last
+/// proposal. The accepted proposals' KV stays in the cache; the caller drops
+/// the rest.
+fn take_verified(
+    running: &mut Running<'_>,
+    rows: &[f32],
+    proposed: &[u32],
+    text: &dyn TextModel,
+) -> Verified {
+    let k = proposed.len();
+    let mut verified = Verified {
+        next: Next::Continue,
+        accepted: 0,
+        emitted: 0,
+    };
+    if rows.is_empty() || !rows.len().is_multiple_of(k + 1) {
+        verified.next = Next::Fail(format!(
+            "the model returned {} logits for {} verified positions",
+            rows.len(),
+            k + 1
+        ));
+        return verified;
+    }
+    let vocab = rows.len() / (k + 1);
+    // The pass fed the last sampled token.
+    running.fed_generated = running.generated.len();
+    let greedy = running.job.request.sampling.temperature <= 0.0;
+    let mut logits = Vec::with_capacity(vocab);
+    for (i, row) in rows.chunks_exact(vocab).enumerate() {
+        logits.clear();
+        logits.extend_from_slice(row);
+        let sampler = &mut running.sampler;
+        let history = &running.generated;
+        let (token, is_proposal) = match proposed.get(i) {
+            None => (sampler.sample(&mut logits, history), false),
+            Some(&guess) => {
+                let verdict = if greedy {
+                    let own = sampler.sample(&mut logits, history);
+                    if own == guess {
+                        Verdict::Accept
+                    } else {
+                        Verdict::Replace(own)
+                    }
+                } else {
+                    let target = sampler.distribution(&mut logits, history);
+                    sampler.verify(&target, &Distribution::Certain(guess), guess)
+                };
+                match verdict {
+                    Verdict::Accept => (guess, true),
+                    Verdict::Replace(own) => (own, false),
+                }
+            }
+        };
+        let logprobs = running
+            .job
+            .request
+            .logprobs
+            .map(|n| token_logprobs(row, token, n));
+        verified.emitted += 1;
+        verified.next = advance(running, token, logprobs, text);
+        if is_proposal {
+            // Its KV is in the cache already.
+            verified.accepted += 1;
+            running.fed_generated = running.generated.len();
+        }
+        if !is_proposal || !matches!(verified.next, Next::Continue) {
+            break;
+        }
+    }
+    if let Some(spec) = running.speculation.as_mut() {
+        spec.length.update(k, verified.accepted);
+    }
+    verified
 }
 
 /// The final event, with any text still held back.

@@ -41,14 +41,14 @@ pub struct DraftState {
 }
 
 impl DraftState {
-    /// A fresh draft sequence; the draft samples with the target's settings
-    /// (its own RNG stream), so its proposals follow the distribution
-    /// speculative sampling corrects.
-    pub(crate) fn new(draft: &Model, sampling: &SamplingParams) -> DraftState {
+    /// A fresh draft sequence of at most `positions` positions; the draft
+    /// samples with the target's settings (its own RNG stream), so its
+    /// proposals follow the distribution speculative sampling corrects.
+    pub(crate) fn new(draft: &Model, sampling: &SamplingParams, positions: usize) -> DraftState {
         let mut params = sampling.clone();
         params.seed = params.seed.map(|s| s ^ 0x9e37_79b9_7f4a_7c15);
         DraftState {
-            seq: draft.new_sequence(),
+            seq: draft.executor().new_sequence_with_capacity(positions),
             sampler: Sampler::new(params),
         }
     }

@@ -15,62 +15,15 @@
 pub(crate) mod draft;
 mod lookup;
 
+pub use draft::DraftState;
 pub(crate) use draft::{DraftProposer, check_same_vocabulary};
+pub(crate) use flatrun_model::sampling::DraftLength;
+pub use flatrun_model::sampling::{ProposerKind, Speculation};
 pub(crate) use lookup::PromptLookup;
 
 use crate::error::Result;
 use flatrun_model::sampling::Distribution;
 use std::time::Duration;
-
-/// Which proposer speculative decoding uses.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ProposerKind {
-    /// N-gram matches against the prompt and the text so far.
-    Lookup {
-        /// Longest suffix of the text tried as a key.
-        ngram_max: usize,
-        /// Shortest suffix tried before giving up.
-        ngram_min: usize,
-    },
-    /// The draft model attached with [`crate::Model::set_draft`].
-    Draft,
-}
-
-/// Speculative decoding settings of a generation.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Speculation {
-    /// Where proposals come from.
-    pub proposer: ProposerKind,
-    /// Most tokens proposed per pass.
-    pub draft_max: usize,
-    /// Grow the number proposed while every proposal is accepted and shrink
-    /// it on a rejection (between 1 and `draft_max`); `false` always
-    /// proposes `draft_max`.
-    pub adaptive: bool,
-}
-
-impl Speculation {
-    /// Prompt lookup with keys of 1–3 tokens, up to `draft_max` proposals.
-    pub fn lookup(draft_max: usize) -> Speculation {
-        Speculation {
-            proposer: ProposerKind::Lookup {
-                ngram_max: 3,
-                ngram_min: 1,
-            },
-            draft_max,
-            adaptive: true,
-        }
-    }
-
-    /// The attached draft model, up to `draft_max` proposals.
-    pub fn draft(draft_max: usize) -> Speculation {
-        Speculation {
-            proposer: ProposerKind::Draft,
-            draft_max,
-            adaptive: true,
-        }
-    }
-}
 
 /// What a proposer guesses.
 #[derive(Clone, Debug, Default)]
@@ -124,67 +77,5 @@ impl SpeculativeStats {
         } else {
             self.emitted as f64 / self.passes as f64
         }
-    }
-}
-
-/// The adaptive number of tokens to propose: it grows by two after a pass
-/// that accepted everything and falls to one more than the accepted count
-/// after a rejection.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DraftLength {
-    current: usize,
-    max: usize,
-    adaptive: bool,
-}
-
-impl DraftLength {
-    pub(crate) fn new(spec: &Speculation) -> DraftLength {
-        let max = spec.draft_max.max(1);
-        DraftLength {
-            current: if spec.adaptive { max.min(4) } else { max },
-            max,
-            adaptive: spec.adaptive,
-        }
-    }
-
-    pub(crate) fn get(&self) -> usize {
-        self.current
-    }
-
-    pub(crate) fn update(&mut self, proposed: usize, accepted: usize) {
-        if !self.adaptive || proposed == 0 {
-            return;
-        }
-        self.current = if accepted == proposed {
-            (self.current + 2).min(self.max)
-        } else {
-            (accepted + 1).clamp(1, self.max)
-        };
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn draft_length_grows_on_acceptance_and_shrinks_on_rejection() {
-        let mut len = DraftLength::new(&Speculation::lookup(10));
-        assert_eq!(len.get(), 4);
-        len.update(4, 4);
-        assert_eq!(len.get(), 6);
-        len.update(6, 6);
-        len.update(8, 8);
-        assert_eq!(len.get(), 10);
-        len.update(10, 2);
-        assert_eq!(len.get(), 3);
-        len.update(3, 0);
-        assert_eq!(len.get(), 1);
-        let mut fixed = DraftLength::new(&Speculation {
-            adaptive: false,
-            ..Speculation::draft(5)
-        });
-        fixed.update(5, 0);
-        assert_eq!(fixed.get(), 5);
     }
 }
