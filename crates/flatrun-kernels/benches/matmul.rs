@@ -1,5 +1,7 @@
 //! GEMV GB/s and GEMM GFLOP/s of the native kernels per format on real model
-//! shapes, plus the machine's memory read bandwidth measured in the same run.
+//! shapes (also a speculative verification pass of 9 tokens in the one-token
+//! order, `verify9`), plus the machine's memory read bandwidth measured in
+//! the same run.
 //!
 //! `cargo bench -p flatrun-kernels --bench matmul -- --warm-up-time 1 --measurement-time 3`
 //! Filter with a format name (`-- Q4_K`). `FLATRUN_THREADS` sets the pool size.
@@ -35,6 +37,8 @@ const FORMATS: &[GgmlType] = &[
     GgmlType::F16,
 ];
 const PREFILL_TOKENS: usize = 64;
+/// Positions of a verification pass (the pending token and 8 proposals).
+const VERIFY_TOKENS: usize = 9;
 
 fn random_weights(t: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols / t.block_size() * t.type_size();
@@ -136,6 +140,21 @@ fn bench(c: &mut Criterion) {
                     b.iter(|| {
                         k.matmul(&w, black_box(&xs), PREFILL_TOKENS, &mut outs)
                             .unwrap()
+                    })
+                });
+                g.finish();
+                // A speculative verification pass: the pending token and 8
+                // proposals, every one in the one-token order.
+                let n = VERIFY_TOKENS;
+                let mut outs = vec![0f32; rows * n];
+                let mut g = c.benchmark_group(format!("verify{n}/{name}"));
+                g.throughput(Throughput::Elements(2 * (rows * cols * n) as u64));
+                g.bench_function(format!("{rows}x{cols}"), |b| {
+                    b.iter(|| {
+                        flatrun_kernels::with_one_token_order(|| {
+                            k.matmul(&w, black_box(&xs[..cols * n]), n, &mut outs)
+                        })
+                        .unwrap()
                     })
                 });
                 g.finish();

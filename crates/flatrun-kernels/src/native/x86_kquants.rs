@@ -241,8 +241,12 @@ macro_rules! kquant_kernels {
         /// 64-value chunk's eight integer sums are reduced by one transposing `vphaddd` tree
         /// and its FMAs run for all eight outputs at once, where `q4_k_n` takes horizontal
         /// sums and scalar FMAs per output; the activation loads serve both rows.
+        ///
+        /// `ONE_TOKEN`: each output in the one-token order instead (`q4_k_n::<1>`'s, ggml's
+        /// repacked GEMV order: one FMA per 256 values), the four chunks' exact integer sums
+        /// added before their FMA; a speculative verification pass multiplies its tiles so.
         #[target_feature(enable = $features)]
-        unsafe fn q4_k_2x4(r0: &[u8], r1: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+        unsafe fn q4_k_2x4<const ONE_TOKEN: bool>(r0: &[u8], r1: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
             // SAFETY: the caller upholds the module's contract (see `x86.rs`): the CPU has
             // this level's features, and every pointer read below lies inside the caller's
             // rows (whole blocks), its activation rows, or this function's own buffers.
@@ -263,7 +267,9 @@ macro_rules! kquant_kernels {
                     let da = _mm256_set_m128(da, da);
                     let dd = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(d1), _mm_set1_ps(d0)), da);
                     let dm = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(dmin1), _mm_set1_ps(dmin0)), da);
-                    // Scale sums: for each 64-value chunk, the eight outputs' integer sums, then one FMA.
+                    // Scale sums: for each 64-value chunk, the eight outputs' integer sums, then one
+                    // FMA (one-token order: one FMA of the block's exact sum).
+                    let mut block_sum = _mm256_setzero_si256();
                     for c in 0..4 {
                         let mut g = [_mm256_setzero_si256(); 2];
                         for (r, sc) in [sc0, sc1].into_iter().enumerate() {
@@ -277,7 +283,15 @@ macro_rules! kquant_kernels {
                                 _mm256_add_epi32(scaled_dot(lo, p, s_lo), scaled_dot(hi, p.add(32), s_hi))
                             }));
                         }
-                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_halves(g[0], g[1])), dd, acc);
+                        let sums = join_halves(g[0], g[1]);
+                        if ONE_TOKEN {
+                            block_sum = _mm256_add_epi32(block_sum, sums);
+                        } else {
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), dd, acc);
+                        }
+                    }
+                    if ONE_TOKEN {
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block_sum), dd, acc);
                     }
                     // Min sums: each token's pairwise group sums against each row's mins gives
                     // [row 0: chunks 0..4 | row 1: chunks 0..4] per token; transposed to one
@@ -292,13 +306,19 @@ macro_rules! kquant_kernels {
                     let m01h = _mm256_unpackhi_epi32(m[0], m[1]);
                     let m23l = _mm256_unpacklo_epi32(m[2], m[3]);
                     let m23h = _mm256_unpackhi_epi32(m[2], m[3]);
-                    for mc in [
+                    let chunks = [
                         _mm256_unpacklo_epi64(m01l, m23l),
                         _mm256_unpackhi_epi64(m01l, m23l),
                         _mm256_unpacklo_epi64(m01h, m23h),
                         _mm256_unpackhi_epi64(m01h, m23h),
-                    ] {
-                        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm, acc_m);
+                    ];
+                    if ONE_TOKEN {
+                        let all = _mm256_add_epi32(_mm256_add_epi32(chunks[0], chunks[1]), _mm256_add_epi32(chunks[2], chunks[3]));
+                        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dm, acc_m);
+                    } else {
+                        for mc in chunks {
+                            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm, acc_m);
+                        }
                     }
                 }
                 _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
@@ -1391,7 +1411,7 @@ macro_rules! kquant_kernels {
         /// The same in the one-token order whatever the tile (see `call_order`): each
         /// output has the bits a one-token call gives it. Only Q4_K differs from
         /// `rows_q8k`: its full tiles of 4 tokens follow ggml's repacked GEMM order there,
-        /// and go through pairs of tokens (the repacked GEMV order) here.
+        /// and the repacked GEMV order here (`q4_k_2x4::<true>`).
         pub(crate) fn rows_q8k_one_token(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
             if t != GgmlType::Q4_K || acts.len() != 4 || !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
                 return rows_q8k_order::<false>(t, rows, rb, acts, out);
@@ -1399,8 +1419,15 @@ macro_rules! kquant_kernels {
             // SAFETY: the caller (dispatch) checked the host supports this module's
             // features, and `checked` verified every slice the kernels index.
             unsafe {
-                for (row, o) in rows.chunks_exact(rb).zip(out.chunks_exact_mut(4)) {
-                    let (first, second) = o.split_at_mut(2);
+                // Pairs of rows through the 2×4 tile in the one-token order, an odd last
+                // row through pairs of tokens.
+                let n = rows.len() / rb;
+                for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(8)) {
+                    q4_k_2x4::<true>(&pair[..rb], &pair[rb..], acts, o);
+                }
+                if n % 2 == 1 {
+                    let row = &rows[(n - 1) * rb..];
+                    let (first, second) = out[4 * (n - 1)..4 * n].split_at_mut(2);
                     q4_k_n::<2>(row, &acts[..2], first);
                     q4_k_n::<2>(row, &acts[2..], second);
                 }
@@ -1437,7 +1464,7 @@ macro_rules! kquant_kernels {
                     // features, and `checked` verified every slice the kernels index.
                     unsafe {
                         for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(8)) {
-                            q4_k_2x4(&pair[..rb], &pair[rb..], acts, o);
+                            q4_k_2x4::<false>(&pair[..rb], &pair[rb..], acts, o);
                         }
                         if n % 2 == 1 {
                             q4_k_n::<4>(&rows[(n - 1) * rb..], acts, &mut out[4 * (n - 1)..4 * n]);
