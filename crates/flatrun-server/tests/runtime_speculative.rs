@@ -13,6 +13,7 @@
 
 #![cfg(feature = "runtime")]
 
+mod common;
 #[path = "../../flatrun-runtime/tests/common/synthetic.rs"]
 #[allow(dead_code)]
 mod synthetic;
@@ -21,8 +22,7 @@ use std::path::{Path, PathBuf};
 
 use flatrun_runtime::{GenerateOptions, LayerSelection, LoadOptions, Model, Prompt, Residency};
 use flatrun_server::{
-    BatchEngine, Engine, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
-    Speculation,
+    BatchEngine, Engine, GenerationRequest, SamplingParams, SchedulerConfig, Speculation,
 };
 
 const PROMPTS: &[&str] = &[
@@ -91,42 +91,20 @@ fn references(model: &mut Model, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
 
 /// The engine's greedy answers to `prompts`, submitted together.
 fn answers(engine: &BatchEngine, prompts: &[Vec<u32>]) -> Vec<Vec<u32>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let streams: Vec<_> = prompts
+    let requests = prompts
         .iter()
-        .map(|prompt| {
-            let request = GenerationRequest {
-                prompt: prompt.clone(),
-                sampling: SamplingParams {
-                    temperature: 0.0,
-                    ..SamplingParams::default()
-                },
-                max_tokens: MAX_TOKENS,
-                cache_prompt: false,
-                ..GenerationRequest::default()
-            };
-            engine.submit(request).expect("submit")
+        .map(|prompt| GenerationRequest {
+            prompt: prompt.clone(),
+            sampling: SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+            max_tokens: MAX_TOKENS,
+            cache_prompt: false,
+            ..GenerationRequest::default()
         })
         .collect();
-    streams
-        .into_iter()
-        .map(|mut stream| {
-            runtime.block_on(async {
-                let mut ids = Vec::new();
-                while let Some(event) = stream.next_event().await {
-                    match event {
-                        GenerationEvent::Token { id, .. } => ids.push(id),
-                        GenerationEvent::Finished { .. } => break,
-                        GenerationEvent::Failed { message } => panic!("{message}"),
-                    }
-                }
-                ids
-            })
-        })
-        .collect()
+    common::answer_ids(engine, requests)
 }
 
 /// Lookup and a draft of the first `draft_layers`: every answer, alone and

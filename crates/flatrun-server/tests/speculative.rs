@@ -3,13 +3,14 @@
 //! passes; rejected proposals are dropped from the cache; a request can turn
 //! it off; and with sampling the tokens keep the target's distribution.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 
 use flatrun_server::mock::{BOS, MockConfig, MockStats, mock_engine};
 use flatrun_server::{
-    BatchEngine, Engine, GenerationEvent, GenerationRequest, SamplingParams, SchedulerConfig,
-    Speculation,
+    BatchEngine, Engine, GenerationRequest, SamplingParams, SchedulerConfig, Speculation,
 };
 
 fn request(prompt: &str, max_tokens: usize, temperature: f32, seed: u64) -> GenerationRequest {
@@ -40,32 +41,8 @@ fn engine(
     mock_engine(mock, scheduler).expect("mock engine")
 }
 
-/// The ids of each request's answer, all submitted at once.
 fn answers(engine: &BatchEngine, requests: Vec<GenerationRequest>) -> Vec<Vec<u32>> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio");
-    let streams: Vec<_> = requests
-        .into_iter()
-        .map(|r| engine.submit(r).expect("submit"))
-        .collect();
-    streams
-        .into_iter()
-        .map(|mut stream| {
-            runtime.block_on(async {
-                let mut ids = Vec::new();
-                while let Some(event) = stream.next_event().await {
-                    match event {
-                        GenerationEvent::Token { id, .. } => ids.push(id),
-                        GenerationEvent::Finished { .. } => break,
-                        GenerationEvent::Failed { message } => panic!("{message}"),
-                    }
-                }
-                ids
-            })
-        })
-        .collect()
+    common::answer_ids(engine, requests)
 }
 
 fn endless() -> MockConfig {

@@ -285,3 +285,35 @@ pub async fn open_stream_until(
     }
     (socket, String::from_utf8_lossy(&received).to_string())
 }
+
+/// The token ids of each request's answer, all submitted to `engine` at
+/// once (a failed generation panics).
+pub fn answer_ids(
+    engine: &dyn flatrun_server::Engine,
+    requests: Vec<flatrun_server::GenerationRequest>,
+) -> Vec<Vec<u32>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio");
+    let streams: Vec<_> = requests
+        .into_iter()
+        .map(|r| engine.submit(r).expect("submit"))
+        .collect();
+    streams
+        .into_iter()
+        .map(|mut stream| {
+            runtime.block_on(async {
+                let mut ids = Vec::new();
+                while let Some(event) = stream.next_event().await {
+                    match event {
+                        flatrun_server::GenerationEvent::Token { id, .. } => ids.push(id),
+                        flatrun_server::GenerationEvent::Finished { .. } => break,
+                        flatrun_server::GenerationEvent::Failed { message } => panic!("{message}"),
+                    }
+                }
+                ids
+            })
+        })
+        .collect()
+}
