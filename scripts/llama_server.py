@@ -15,12 +15,14 @@ import urllib.request
 
 
 class LlamaServer:
-    def __init__(self, binary, args, timeout=1200):
+    def __init__(self, binary, args, timeout=1200, preexec_fn=None):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.cmd = [binary, *args, "--port", str(self.port), "--host", "127.0.0.1"]
         self.timeout = timeout
+        # Run in the child before exec (e.g. entering a memory cgroup).
+        self.preexec_fn = preexec_fn
         self.log = tempfile.NamedTemporaryFile("w", prefix="llama-server-", suffix=".log", delete=False)
         self.proc = None
 
@@ -31,7 +33,8 @@ class LlamaServer:
 
     def __enter__(self):
         print(" ".join(self.cmd), file=sys.stderr)
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log)
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log,
+                                     preexec_fn=self.preexec_fn)
         for _ in range(1200):
             if self.proc.poll() is not None:
                 sys.exit(f"llama-server exited with {self.proc.returncode}; see {self.log.name}")

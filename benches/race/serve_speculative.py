@@ -15,6 +15,12 @@ same prompt at once and the figure is their summed decode speed (the batch
 scheduler steps both sequences, with their proposals, through each layer
 once).
 
+With `--cap`, each server runs inside a memory cgroup of half the target
+file (plus the draft's size where one is used), the file's page cache
+dropped first, as `speculative.py` caps `flatrun run`: Flatrun with
+`--residency cap=` (the cgroup less 160 MiB of its own memory), llama-server
+with mmap and no repacking (`-nr`), so its weights page like the file.
+
 Servers are started in turn and rounds interleaved (the order reverses every
 other round); the tables give each run's median and min/max over the rounds
 and the ratios against the same server without speculation and against
@@ -40,6 +46,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 from llama_server import LlamaServer  # noqa: E402
+
+sys.path.insert(0, str(HERE))
+from race import MIB, Cgroup, drop_page_cache  # noqa: E402
 
 
 def stream_decode(port: int, prompt: str, max_tokens: int, extra: dict) -> tuple[int, float]:
@@ -100,6 +109,22 @@ def measure(port: int, prompt: str, max_tokens: int, concurrent: int) -> float:
     return sum((n - 1) / s for n, s in results)
 
 
+def serve_round(args, run, binary, sargs, names, prompts, cgroup) -> dict:
+    """Start one server (inside `cgroup` when given) and time each prompt."""
+    out: dict = {"tps": {}, "counters": {}}
+    with LlamaServer(binary, sargs, preexec_fn=cgroup.enter if cgroup else None) as srv:
+        # A short warm-up request (first-call costs).
+        stream_decode(srv.port, "Hi", 4, {})
+        before = spec_counters(srv.port)
+        for name in names:
+            tps = measure(srv.port, prompts[name], args.max_tokens, args.concurrent)
+            out["tps"][name] = tps
+            print(f"  {run:16s} {name:10s} {tps:7.2f} t/s", file=sys.stderr)
+        after = spec_counters(srv.port)
+        out["counters"] = {k: after[k] - before.get(k, 0) for k in after}
+    return out
+
+
 def spec_counters(port: int) -> dict[str, float]:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
@@ -127,15 +152,20 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--concurrent", type=int, default=1)
     ap.add_argument("--skip-llama", action="store_true")
+    ap.add_argument("--cap", action="store_true", help="run each server in a cgroup of half the target file")
     ap.add_argument("--out", default=str(HERE / "results" / "serve-speculative-latest.json"))
     args = ap.parse_args()
     if not args.llama_bin and not args.skip_llama:
         ap.error("--llama-bin (or LLAMA_CPP_BIN) is needed unless --skip-llama")
     prompts = {name: (HERE / "prompts" / f"{name}.txt").read_text().strip() for name in ("code_edit", "chat")}
     dmax = str(args.draft_max)
+    half = Path(args.target).stat().st_size // 2
+    residency = f"cap={max(1, (half - 160 * MIB) // MIB)}M" if args.cap else "resident"
     common_f = ["-m", args.target, "--threads", str(args.threads), "--ctx", "4096",
-                "--residency", "resident", "-q"]
+                "--residency", residency, "-q"]
     common_l = ["-m", args.target, "-t", str(args.threads), "-c", "4096", "-np", str(args.concurrent)]
+    if args.cap:
+        common_l.append("-nr")
     # (run, binary, args, prompts it answers)
     servers = [
         ("flatrun.plain", args.flatrun, ["serve", *common_f], ["code_edit", "chat"]),
@@ -156,19 +186,20 @@ def main() -> int:
         print(f"round {rnd + 1}/{args.rounds}", file=sys.stderr)
         order = servers if rnd % 2 == 0 else list(reversed(servers))
         for run, binary, sargs, names in order:
-            with LlamaServer(binary, sargs) as srv:
-                # A short warm-up request (page cache, first-call costs).
-                stream_decode(srv.port, "Hi", 4, {})
-                before = spec_counters(srv.port)
-                for name in names:
-                    tps = measure(srv.port, prompts[name], args.max_tokens, args.concurrent)
-                    samples.setdefault(f"{run}.{name}", []).append(tps)
-                    print(f"  {run:16s} {name:10s} {tps:7.2f} t/s", file=sys.stderr)
-                after = spec_counters(srv.port)
-                if after:
-                    delta = {k: after[k] - before.get(k, 0) for k in after}
-                    for k, v in delta.items():
-                        counters.setdefault(run, {}).setdefault(k, []).append(v)
+            cgroup = None
+            if args.cap:
+                drop_page_cache(Path(args.target))
+                limit = half + (Path(args.draft).stat().st_size if run.endswith(".draft") else 0)
+                cgroup = Cgroup(limit, f"flatrun-serve-spec-{os.getpid()}-{rnd}-{run}")
+            try:
+                measured = serve_round(args, run, binary, sargs, names, prompts, cgroup)
+            finally:
+                if cgroup:
+                    cgroup.remove()
+            for name, tps in measured["tps"].items():
+                samples.setdefault(f"{run}.{name}", []).append(tps)
+            for k, v in measured["counters"].items():
+                counters.setdefault(run, {}).setdefault(k, []).append(v)
 
     def ratio(a: str, b: str):
         xs, ys = samples.get(a, []), samples.get(b, [])
@@ -203,7 +234,7 @@ def main() -> int:
                   f"{(accepted + passes) / passes:.2f} tokens per verification pass")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"concurrent": args.concurrent, "samples": samples, "ratios": table,
+    out.write_text(json.dumps({"concurrent": args.concurrent, "cap": args.cap, "samples": samples, "ratios": table,
                                "counters": counters}, indent=2))
     return 0
 
