@@ -431,6 +431,20 @@ def summarize(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
+def paired_ratio(xs: list[float], ys: list[float]) -> dict | None:
+    """Round by round x / y, summarized (None when no round has both)."""
+    ratios = [x / y for x, y in zip(xs, ys) if y]
+    return summarize(ratios) if ratios else None
+
+
+def print_ratio_table(table: dict[str, dict | None]) -> None:
+    """Markdown rows of named `paired_ratio` summaries (the missing ones left out)."""
+    print("\n| ratio | median | min | max | rounds |\n|---|---:|---:|---:|---:|")
+    for name, r in table.items():
+        if r:
+            print(f"| {name} | {r['median']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {r['n']} |")
+
+
 def ratio_rows(model: str, s: Samples) -> list[dict]:
     rows = []
     metrics = [("resident.pp", "resident prefill t/s", True), ("resident.tg", "resident decode t/s", True),
@@ -442,9 +456,11 @@ def ratio_rows(model: str, s: Samples) -> list[dict]:
         if not f or not l:
             continue
         # Pair the rounds: ratio per round, then median/min/max of the ratios.
-        ratios = [a / b for a, b in zip(f, l) if b]
+        ratio = paired_ratio(f, l)
+        if ratio is None:
+            continue
         rows.append({"model": model, "metric": label, "higher_is_better": higher_better,
-                     "flatrun": summarize(f), "llama_cpp": summarize(l), "ratio": summarize(ratios)})
+                     "flatrun": summarize(f), "llama_cpp": summarize(l), "ratio": ratio})
     return rows
 
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from llama_server import LlamaServer  # noqa: E402
 
 sys.path.insert(0, str(HERE))
-from race import MIB, Cgroup, drop_page_cache  # noqa: E402
+from race import MIB, Cgroup, drop_page_cache, paired_ratio, print_ratio_table  # noqa: E402
 
 
 def stream_decode(port: int, prompt: str, max_tokens: int, extra: dict) -> tuple[int, float]:
@@ -202,11 +202,7 @@ def main() -> int:
                 counters.setdefault(run, {}).setdefault(k, []).append(v)
 
     def ratio(a: str, b: str):
-        xs, ys = samples.get(a, []), samples.get(b, [])
-        vals = [x / y for x, y in zip(xs, ys) if y]
-        if not vals:
-            return None
-        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+        return paired_ratio(samples.get(a, []), samples.get(b, []))
 
     print(f"\n{args.concurrent} client(s), decode tokens/s (summed)\n")
     print("| run | median | min | max |\n|---|---:|---:|---:|")
@@ -221,10 +217,7 @@ def main() -> int:
         "llama-server draft / its plain (chat)": ratio("llama.draft.chat", "llama.plain.chat"),
         "flatrun plain / llama-server plain (chat)": ratio("flatrun.plain.chat", "llama.plain.chat"),
     }
-    print("\n| ratio | median | min | max | rounds |\n|---|---:|---:|---:|---:|")
-    for name, r in table.items():
-        if r:
-            print(f"| {name} | {r['median']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {r['n']} |")
+    print_ratio_table(table)
     for run, c in counters.items():
         proposed = sum(c.get("flatrun_speculative_proposed_tokens_total", []))
         accepted = sum(c.get("flatrun_speculative_accepted_tokens_total", []))

@@ -36,7 +36,8 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from race import MIB, REPO, Cgroup, drop_page_cache, log, run_measured  # noqa: E402
+from race import (  # noqa: E402
+    MIB, REPO, Cgroup, drop_page_cache, log, paired_ratio, print_ratio_table, run_measured)
 
 HERE = Path(__file__).resolve().parent
 CHATML = ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
@@ -175,11 +176,7 @@ def main() -> int:
                     f"  per pass {out['per_pass'] or '-'}  peak {peak:.0f} MiB")
 
     def ratio(a, b):
-        xs, ys = samples.get(a + ".tg", []), samples.get(b + ".tg", [])
-        vals = [x / y for x, y in zip(xs, ys) if y]
-        if not vals:
-            return None
-        return {"median": statistics.median(vals), "min": min(vals), "max": max(vals), "n": len(vals)}
+        return paired_ratio(samples.get(a + ".tg", []), samples.get(b + ".tg", []))
 
     table = {
         "capped lookup / own plain (code edit)": ratio("capped.flatrun.lookup.code", "capped.flatrun.plain.code"),
@@ -191,10 +188,7 @@ def main() -> int:
         "resident draft / llama-speculative (chat)": ratio("resident.flatrun.draft.chat", "resident.llama.draft.chat"),
         "resident lookup / llama-lookup (code edit)": ratio("resident.flatrun.lookup.code", "resident.llama.lookup.code"),
     }
-    print("\n| ratio | median | min | max | rounds |\n|---|---:|---:|---:|---:|")
-    for name, r in table.items():
-        if r:
-            print(f"| {name} | {r['median']:.2f} | {r['min']:.2f} | {r['max']:.2f} | {r['n']} |")
+    print_ratio_table(table)
     print("\n| run | tok/s (median) | acceptance (median) | tokens per pass (median) |\n|---|---:|---:|---:|")
     for key in sorted({k.rsplit(".", 1)[0] for k in samples}):
         tg = samples.get(key + ".tg")

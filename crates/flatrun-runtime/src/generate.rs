@@ -5,11 +5,9 @@ use crate::executor::{Sequence, StepOptions};
 use crate::model::Model;
 use crate::speculative::draft::DraftState;
 use crate::speculative::{
-    DraftLength, DraftProposer, PromptLookup, Proposal, Proposer, ProposerKind, Speculation,
+    DraftLength, PromptLookup, Proposal, Proposer, ProposerKind, Speculation,
 };
-use flatrun_model::sampling::{
-    Distribution, FinishReason, Sampler, SamplingParams, StopMatcher, Verdict,
-};
+use flatrun_model::sampling::{FinishReason, Sampler, SamplingParams, StopMatcher, Verdict};
 use std::collections::VecDeque;
 use std::time::Instant;
 
@@ -252,24 +250,11 @@ impl<'m> Generation<'m> {
         context.extend_from_slice(&self.pending);
         let mut proposal = match &mut run.proposer {
             ActiveProposer::Lookup(lookup) => Proposer::propose(lookup, &context, k)?,
-            ActiveProposer::Draft(state) => {
-                let draft =
-                    self.model.draft.as_deref_mut().ok_or_else(|| {
-                        RuntimeError::Draft("the draft model was detached".into())
-                    })?;
-                DraftProposer::new(draft, state).propose(&context, k)?
-            }
+            ActiveProposer::Draft(state) => self.model.propose_with_draft(state, &context, k)?,
         };
         let propose_time = started.elapsed();
-        // A draft with a larger embedding table could name ids the target has not.
         let vocab = self.model.executor.vocab_size();
-        let valid = proposal
-            .tokens
-            .iter()
-            .take(k)
-            .take_while(|&&t| (t as usize) < vocab)
-            .count();
-        proposal.tokens.truncate(valid);
+        proposal.tokens.truncate(k);
         if proposal.tokens.is_empty() {
             return Ok(());
         }
@@ -296,7 +281,6 @@ impl<'m> Generation<'m> {
             .and_then(|o| o.all_logits)
             .ok_or(RuntimeError::EmptyStep)?;
         let t0 = Instant::now();
-        let greedy = self.opts.sampling.temperature <= 0.0;
         let mut accepted = 0;
         let mut next = None;
         for (i, logits) in all.chunks_exact_mut(vocab).enumerate().take(k + 1) {
@@ -305,21 +289,11 @@ impl<'m> Generation<'m> {
                 next = Some(self.sampler.sample(logits, history));
                 break;
             }
-            let proposed = tokens[i];
-            let verdict = if greedy {
-                let own = self.sampler.sample(logits, history);
-                if own == proposed {
-                    Verdict::Accept
-                } else {
-                    Verdict::Replace(own)
-                }
-            } else {
-                let target = self.sampler.distribution(logits, history);
-                let certain = Distribution::Certain(proposed);
-                let draft = drafts.as_ref().and_then(|d| d.get(i)).unwrap_or(&certain);
-                self.sampler.verify(&target, draft, proposed)
-            };
-            match verdict {
+            let draft = drafts.as_ref().and_then(|d| d.get(i));
+            match self
+                .sampler
+                .check_proposal(logits, history, tokens[i], draft)
+            {
                 Verdict::Accept => accepted += 1,
                 Verdict::Replace(own) => {
                     next = Some(own);

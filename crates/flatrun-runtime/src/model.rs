@@ -8,7 +8,7 @@ use crate::generate::{GenerateOptions, Generation, Prompt};
 use crate::options::{ContextOverflow, LoadOptions, Residency};
 use crate::profiler::Profiler;
 use crate::residency::MemoryPlan;
-use crate::speculative::DraftState;
+use crate::speculative::{DraftProposer, DraftState, Proposal, Proposer};
 use flatrun_format::StorageBackend;
 use flatrun_model::chat_template::{ChatMessage, ChatTemplate};
 use flatrun_model::sampling::SamplingParams;
@@ -166,19 +166,31 @@ impl Model {
         context: &[u32],
         max: usize,
     ) -> Result<Vec<u32>> {
-        use crate::speculative::Proposer;
+        Ok(self.propose_with_draft(state, context, max)?.tokens)
+    }
+
+    /// [`Model::draft_proposals`] with the distribution each proposal was
+    /// drawn from, cut at the first id outside this model's vocabulary.
+    pub(crate) fn propose_with_draft(
+        &mut self,
+        state: &mut DraftState,
+        context: &[u32],
+        max: usize,
+    ) -> Result<Proposal> {
         let draft = self
             .draft
             .as_deref_mut()
             .ok_or_else(|| RuntimeError::Draft("no draft model is attached".into()))?;
-        let vocab = self.executor.vocab_size();
-        let mut tokens = crate::speculative::DraftProposer::new(draft, state)
-            .propose(context, max)?
-            .tokens;
+        let mut proposal = DraftProposer::new(draft, state).propose(context, max)?;
         // A draft with a larger embedding table could name ids the target has not.
-        let valid = tokens.iter().take_while(|&&t| (t as usize) < vocab).count();
-        tokens.truncate(valid);
-        Ok(tokens)
+        let vocab = self.executor.vocab_size();
+        let valid = proposal
+            .tokens
+            .iter()
+            .take_while(|&&t| (t as usize) < vocab)
+            .count();
+        proposal.tokens.truncate(valid);
+        Ok(proposal)
     }
 
     /// Detach and return the draft model.

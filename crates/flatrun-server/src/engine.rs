@@ -55,6 +55,9 @@ pub struct GenerationRequest {
     pub draft_max: Option<usize>,
 }
 
+/// The longest draft a request may ask for ([`GenerationRequest::draft_max`]).
+pub const MAX_DRAFT: usize = 64;
+
 impl Default for GenerationRequest {
     fn default() -> Self {
         GenerationRequest {

@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api_error::{ApiError, ApiFlavor};
-use crate::engine::Engine;
+use crate::engine::{Engine, MAX_DRAFT};
 use crate::grammar::{Grammar, GrammarSpec};
 use crate::state::{AppState, SamplingOverrides};
 use crate::tool_defs::{ToolDef, arguments_schema};
@@ -67,9 +67,6 @@ pub struct RequestSettings {
     pub draft_max: Option<usize>,
 }
 
-/// The longest draft a request may ask for.
-pub const MAX_DRAFT_MAX: usize = 64;
-
 impl ExtraSampling {
     /// The request's sampling (the server's defaults under the request's
     /// fields, checked), whether it may reuse and keep a prompt cache, and
@@ -88,10 +85,10 @@ impl ExtraSampling {
         });
         let cache_prompt = self.cache_prompt.unwrap_or(true);
         let draft_max = self.draft_max;
-        if let Some(n) = draft_max.filter(|&n| n > MAX_DRAFT_MAX) {
+        if let Some(n) = draft_max.filter(|&n| n > MAX_DRAFT) {
             return Err(ApiError::invalid(
                 flavor,
-                format!("speculative.n_max must be at most {MAX_DRAFT_MAX}, got {n}"),
+                format!("speculative.n_max must be at most {MAX_DRAFT}, got {n}"),
             ));
         }
         self.apply(flavor, engine, &mut sampling)?;

@@ -34,15 +34,15 @@ use crate::batch_model::{
 };
 use crate::engine::{
     EmbeddingReceiver, Engine, EngineError, EngineStats, GenerationEvent, GenerationRequest,
-    GenerationSink, GenerationStream, ScoreReceiver, Usage, generation_channel,
+    GenerationSink, GenerationStream, MAX_DRAFT, ScoreReceiver, Usage, generation_channel,
 };
 use crate::prefix_cache::{PrefixCache, common_prefix};
 use flatrun_model::chat_template::ChatMessage;
 use flatrun_model::chat_template::tools::ToolSyntax;
 use flatrun_model::sampling::Vocabulary;
 use flatrun_model::sampling::{
-    Distribution, DraftLength, FinishReason, PromptLookup, ProposerKind, Sampler, SamplingParams,
-    Speculation, StopMatcher, TokenConstraint, TokenLogprobs, Verdict, token_logprobs,
+    DraftLength, FinishReason, PromptLookup, ProposerKind, Sampler, SamplingParams, Speculation,
+    StopMatcher, TokenConstraint, TokenLogprobs, Verdict, token_logprobs,
 };
 
 /// Limits of the batch scheduler.
@@ -555,9 +555,6 @@ struct SequenceSpeculation {
     length: DraftLength,
 }
 
-/// Most tokens a request may ask to be proposed per pass.
-const MAX_DRAFT: usize = 64;
-
 impl SequenceSpeculation {
     /// The sequence's speculation under the server's settings, with the
     /// request's draft length (`None` when that is 0).
@@ -968,11 +965,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             return proposals;
         }
         for (running, proposal) in self.active.iter_mut().zip(&mut proposals) {
-            let Some((length, lookup)) = running
-                .speculation
-                .as_ref()
-                .map(|spec| (spec.length.get(), spec.lookup.clone()))
-            else {
+            let Some(spec) = &running.speculation else {
                 continue;
             };
             // Room for the proposals: the tokens still wanted after the one
@@ -984,7 +977,7 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 .max_tokens
                 .saturating_sub(running.generated.len() + 1);
             let room = running.capacity.saturating_sub(running.positions());
-            let k = length.min(wanted).min(room);
+            let k = spec.length.get().min(wanted).min(room);
             if k == 0 {
                 continue;
             }
@@ -993,17 +986,15 @@ impl<'t, M: BatchModel> Worker<'t, M> {
                 .copied()
                 .chain([running.last_token])
                 .collect();
-            *proposal = match &lookup {
-                Some(lookup) => lookup.propose(&context, k).to_vec(),
-                None => match self.model.propose(running.seq, &context, k) {
-                    Ok(tokens) => tokens,
-                    Err(e) => {
-                        tracing::warn!("the draft model failed, speculation off: {e}");
-                        running.speculation = None;
-                        Vec::new()
-                    }
-                },
+            let proposed = match &spec.lookup {
+                Some(lookup) => Ok(lookup.propose(&context, k).to_vec()),
+                None => self.model.propose(running.seq, &context, k),
             };
+            *proposal = proposed.unwrap_or_else(|e| {
+                tracing::warn!("the draft model failed, speculation off: {e}");
+                running.speculation = None;
+                Vec::new()
+            });
             proposal.truncate(k);
         }
         proposals
@@ -1368,32 +1359,19 @@ fn take_verified(
     let vocab = rows.len() / (k + 1);
     // The pass fed the last sampled token.
     running.fed_generated = running.generated.len();
-    let greedy = running.job.request.sampling.temperature <= 0.0;
     let mut logits = Vec::with_capacity(vocab);
     for (i, row) in rows.chunks_exact(vocab).enumerate() {
         logits.clear();
         logits.extend_from_slice(row);
         let sampler = &mut running.sampler;
         let history = &running.generated;
+        // The proposals (lookup's, or the draft's greedy ones) are certain draws.
         let (token, is_proposal) = match proposed.get(i) {
             None => (sampler.sample(&mut logits, history), false),
-            Some(&guess) => {
-                let verdict = if greedy {
-                    let own = sampler.sample(&mut logits, history);
-                    if own == guess {
-                        Verdict::Accept
-                    } else {
-                        Verdict::Replace(own)
-                    }
-                } else {
-                    let target = sampler.distribution(&mut logits, history);
-                    sampler.verify(&target, &Distribution::Certain(guess), guess)
-                };
-                match verdict {
-                    Verdict::Accept => (guess, true),
-                    Verdict::Replace(own) => (own, false),
-                }
-            }
+            Some(&guess) => match sampler.check_proposal(&mut logits, history, guess, None) {
+                Verdict::Accept => (guess, true),
+                Verdict::Replace(own) => (own, false),
+            },
         };
         let logprobs = running
             .job

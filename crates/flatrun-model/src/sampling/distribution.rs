@@ -102,6 +102,32 @@ impl Sampler {
         }
     }
 
+    /// Checks `proposal` at a position whose target logits are `logits`
+    /// (penalties applied in place with `history`): greedy sampling accepts
+    /// exactly the token [`Sampler::sample`] picks, so speculation changes no
+    /// greedy output; otherwise [`Sampler::verify`] against the target's
+    /// distribution, `proposal` drawn from `draft` (`None`: chosen with
+    /// certainty, as prompt lookup does).
+    pub fn check_proposal(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        proposal: u32,
+        draft: Option<&Distribution>,
+    ) -> Verdict {
+        if self.params.temperature <= 0.0 {
+            let own = self.sample(logits, history);
+            return if own == proposal {
+                Verdict::Accept
+            } else {
+                Verdict::Replace(own)
+            };
+        }
+        let target = self.distribution(logits, history);
+        let certain = Distribution::Certain(proposal);
+        self.verify(&target, draft.unwrap_or(&certain), proposal)
+    }
+
     /// Speculative sampling's test of `proposal`, drawn from `draft`,
     /// against the `target` distribution: accept with probability
     /// `min(1, p/q)`, otherwise draw the replacement from `max(0, p − q)`.

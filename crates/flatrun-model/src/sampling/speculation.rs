@@ -2,8 +2,8 @@
 //! generation loop and the server's scheduler: the settings
 //! ([`Speculation`]), prompt lookup ([`PromptLookup`], proposals from the
 //! text so far) and the adaptive number of tokens to propose
-//! ([`DraftLength`]). Verification of a
-//! proposal is [`crate::sampling::Sampler::verify`].
+//! ([`DraftLength`]). Checking a
+//! proposal is [`crate::sampling::Sampler::check_proposal`].
 
 /// Which proposer speculative decoding uses.
 #[derive(Clone, Debug, PartialEq, Eq)]
