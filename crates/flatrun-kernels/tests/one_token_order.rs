@@ -1,6 +1,6 @@
 //! Inside `with_one_token_order`, a call carrying several tokens gives each
 //! token the bits of a one-token call (speculative verification depends on
-//! it): every quantized and float format, tiles of 2 to 9 tokens, at the
+//! it): every quantized and float format, calls of 2 to 19 tokens, at the
 //! host's SIMD level and the scalar one.
 
 mod common;
@@ -31,7 +31,8 @@ fn several_tokens_in_one_token_order_equal_one_token_calls() {
     for level in [simd_level(), SimdLevel::Scalar] {
         let kernels = NativeKernels::new(level);
         for t in formats() {
-            for n in [2usize, 3, 4, 5, 8, 9] {
+            // 16 and 19: Q4_K through 8-row panels on AVX-512 VNNI.
+            for n in [2usize, 3, 4, 5, 8, 9, 16, 19] {
                 let (rows, cols) = (19, 512);
                 let (bytes, x) = random_case(t, rows, cols, n, &mut rng);
                 let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None)

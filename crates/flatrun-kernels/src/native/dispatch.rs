@@ -30,6 +30,9 @@ pub(crate) struct Dispatch {
     /// `call_order`); the same function where every tile already keeps it.
     pub q8k_one: Q8KRows,
     pub f32: F32Rows,
+    /// The Q4_K and Q6_K panel tiles (`super::panel`) where the level has them (AVX-512 VNNI).
+    pub q4k_panel: Option<super::panel::PanelTile>,
+    pub q6k_panel: Option<super::panel::PanelTile>,
     /// The widest token tile `q8` takes: 4, or 8 where it has 8-token kernels (x86). Tiles
     /// are 1..=4 tokens or exactly this many.
     pub q8_tile: usize,
@@ -73,6 +76,8 @@ impl Dispatch {
             q8k_wide: scalar::rows_q8k,
             q8k_one: scalar::rows_q8k,
             f32: scalar::rows_f32,
+            q4k_panel: None,
+            q6k_panel: None,
             q8_tile: 4,
         };
         match level {
@@ -83,6 +88,8 @@ impl Dispatch {
                 q8k_wide: super::x86::avx2::rows_q8k_wide,
                 q8k_one: super::x86::avx2::rows_q8k_one_token,
                 f32: super::x86::avx2::rows_f32,
+                q4k_panel: None,
+                q6k_panel: None,
                 q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
@@ -92,6 +99,8 @@ impl Dispatch {
                 q8k_wide: super::x86::avx512::rows_q8k_wide,
                 q8k_one: super::x86::avx512::rows_q8k_one_token,
                 f32: super::x86::avx512::rows_f32,
+                q4k_panel: None,
+                q6k_panel: None,
                 q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
@@ -101,6 +110,8 @@ impl Dispatch {
                 q8k_wide: super::x86::vnni::rows_q8k_wide,
                 q8k_one: super::x86::vnni::rows_q8k_one_token,
                 f32: super::x86::vnni::rows_f32,
+                q4k_panel: Some(super::x86::q4k_panel_tile),
+                q6k_panel: Some(super::x86::q6k_panel_tile),
                 q8_tile: 8,
             },
             #[cfg(target_arch = "aarch64")]
@@ -110,6 +121,8 @@ impl Dispatch {
                 q8k_wide: super::arm::neon::rows_q8k,
                 q8k_one: super::arm::neon::rows_q8k,
                 f32: super::arm::neon::rows_f32,
+                q4k_panel: None,
+                q6k_panel: None,
                 q8_tile: 4,
             },
             #[cfg(target_arch = "aarch64")]
@@ -119,6 +132,8 @@ impl Dispatch {
                 q8k_wide: super::arm::dotprod::rows_q8k,
                 q8k_one: super::arm::dotprod::rows_q8k,
                 f32: super::arm::dotprod::rows_f32,
+                q4k_panel: None,
+                q6k_panel: None,
                 q8_tile: 4,
             },
             _ => scalar,

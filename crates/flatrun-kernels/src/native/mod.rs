@@ -12,6 +12,7 @@ mod arm;
 mod dispatch;
 mod mlx_affine;
 mod mlx_float;
+mod panel;
 pub mod quantize;
 mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -43,6 +44,10 @@ const ROW_GROUP_BYTES: usize = 192 * 1024;
 const TILE_ROWS: usize = 64;
 /// Most matrices [`NativeKernels::matmul_many`] runs as one pool job (Q, K, V; gate, up).
 const MAX_SHARED_JOB: usize = 4;
+/// From this many tokens per call, Q4_K and Q6_K row groups are repacked into panels
+/// (`panel.rs`) where the level has a panel tile: with fewer, too few token tiles share
+/// the repacking.
+const PANEL_MIN_TOKENS: usize = 16;
 
 /// Fused kernels at one SIMD level.
 #[derive(Debug)]
@@ -126,6 +131,8 @@ thread_local! {
     static ACTS_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Worker-side decoded row for formats without a fused kernel.
     static DECODED_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Worker-side Q4_K panels of the row group in use.
+    static PANELS: RefCell<Vec<panel::Line>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A raw output pointer shared by workers that write disjoint elements.
@@ -206,6 +213,20 @@ impl NativeKernels {
         } else {
             crate::threads::parallel_for(split.n_chunks, &work);
         }
+    }
+
+    /// The panel layout and tile for a call of `n_tokens` tokens on `w`, and whether in the
+    /// one-token order (as [`Self::q8k_kernel`] picks it), where panels pay.
+    fn panel(&self, w: &Weight, n_tokens: usize) -> Option<(panel::PanelFormat, bool)> {
+        let WeightFormat::Ggml(t) = w.format else {
+            return None;
+        };
+        let f = panel::panel_format(t, self.dispatch.q4k_panel, self.dispatch.q6k_panel)?;
+        let one_token = crate::call_order::order_tokens(n_tokens) == 1;
+        let whole_blocks =
+            w.cols.is_multiple_of(QK_K) && w.row_bytes() == w.cols / QK_K * f.block_bytes;
+        (whole_blocks && n_tokens >= PANEL_MIN_TOKENS && (f.one_token || !one_token))
+            .then_some((f, one_token))
     }
 
     /// The Q8_K kernel for a call of `n_tokens` tokens (ggml sums wide calls in
@@ -359,19 +380,89 @@ impl RowSplit {
                     let s1 = (s0 + TILE_ROWS).min(g1);
                     let o = &mut tile_out[..(s1 - s0) * nt];
                     kernel(&w.data[s0 * rb..s1 * rb], &tokens[..nt], o);
-                    // Token by token, so the stores run along each token's output row
-                    // (row by row they hop between `nt` rows: a store-bound scatter).
-                    for k in 0..nt {
-                        let dst = out_ptr.at((t0 + k) * rows + s0);
-                        for (i, vals) in o.chunks_exact(nt).enumerate() {
-                            // SAFETY: (t0+k, s0+i) is inside the n_tokens × rows output
-                            // checked by `check_matmul`, and only this chunk writes row s0+i.
-                            unsafe { *dst.add(i) = vals[k] };
-                        }
-                    }
+                    scatter(out_ptr, rows, t0, s0, nt, o);
                 }
                 t0 += nt;
             }
+        }
+    }
+
+    /// [`Self::run`] for a format with panels (`panel.rs`): each row group's whole panels
+    /// are repacked once and multiplied by every full tile of 4 tokens through the panel
+    /// tile; the group's last rows (fewer than a panel) and the last tokens (fewer than 4)
+    /// take `kernel`, the raw-row kernel of the same float order.
+    #[allow(clippy::too_many_arguments)]
+    fn run_panels(
+        &self,
+        c: usize,
+        w: &Weight,
+        acts: &[BlockQ8K],
+        acts_per_token: usize,
+        n_tokens: usize,
+        out_ptr: OutPtr,
+        (format, one_token): (panel::PanelFormat, bool),
+        kernel: &(impl Fn(&[u8], &[&[BlockQ8K]], &mut [f32]) + ?Sized),
+    ) {
+        let rows = w.rows;
+        let rb = w.row_bytes().max(1);
+        let panel_lines = (rb / format.block_bytes * format.lines_per_block).max(1);
+        let (r0, r1) = (c * self.chunk, ((c + 1) * self.chunk).min(rows));
+        // Groups of whole panels where a group holds one (chunks are multiples of 16 rows).
+        let group = match self.group {
+            g if g >= panel::PANEL_ROWS => g - g % panel::PANEL_ROWS,
+            g => g,
+        };
+        let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
+        let mut packed = PANELS.with(|p| p.take());
+        for g0 in (r0..r1).step_by(group) {
+            let g1 = (g0 + group).min(r1);
+            let p1 = g0 + (g1 - g0) / panel::PANEL_ROWS * panel::PANEL_ROWS;
+            (format.repack)(&w.data[g0 * rb..p1 * rb], rb, &mut packed);
+            let mut t0 = 0;
+            while t0 < n_tokens {
+                let nt = (n_tokens - t0).min(TOKEN_TILE);
+                let tokens: [&[BlockQ8K]; TOKEN_TILE] = std::array::from_fn(|k| {
+                    let t = (t0 + k).min(n_tokens - 1);
+                    &acts[t * acts_per_token..(t + 1) * acts_per_token]
+                });
+                // The raw kernel from `s0` on (the rows no panel holds, or every row).
+                let mut s0 = g0;
+                if nt == TOKEN_TILE {
+                    for (p, lines) in packed.chunks_exact(panel_lines).enumerate() {
+                        let o = &mut tile_out[..TOKEN_TILE * panel::PANEL_ROWS];
+                        let r = g0 + p * panel::PANEL_ROWS;
+                        if !(format.tile)(lines, &tokens, o, one_token) {
+                            kernel(&w.data[r * rb..(r + panel::PANEL_ROWS) * rb], &tokens, o);
+                        }
+                        scatter(out_ptr, rows, t0, r, nt, o);
+                    }
+                    s0 = p1;
+                }
+                while s0 < g1 {
+                    let s1 = (s0 + TILE_ROWS).min(g1);
+                    let o = &mut tile_out[..(s1 - s0) * nt];
+                    kernel(&w.data[s0 * rb..s1 * rb], &tokens[..nt], o);
+                    scatter(out_ptr, rows, t0, s0, nt, o);
+                    s0 = s1;
+                }
+                t0 += nt;
+            }
+        }
+        PANELS.with(|p| p.replace(packed));
+    }
+}
+
+/// Store a kernel's tile outputs (`o[i·nt + k]` = row `s0 + i`, token `t0 + k`) into the
+/// `n_tokens × rows` output. Token by token, so the stores run along each token's output
+/// row (row by row they hop between `nt` rows: a store-bound scatter).
+#[inline]
+fn scatter(out_ptr: OutPtr, rows: usize, t0: usize, s0: usize, nt: usize, o: &[f32]) {
+    for k in 0..nt {
+        let dst = out_ptr.at((t0 + k) * rows + s0);
+        for (i, vals) in o.chunks_exact(nt).enumerate() {
+            // SAFETY: (t0+k, s0+i) is inside the n_tokens × rows output checked by
+            // `check_matmul` (the caller's rows and tokens), and only this chunk writes row s0+i.
+            unsafe { *dst.add(i) = vals[k] };
         }
     }
 }
@@ -427,9 +518,26 @@ impl Kernels for NativeKernels {
                 quantize_tokens(x, n_tokens, &mut acts, quantize_q8k);
                 let rb = w.row_bytes();
                 let q8k = self.q8k_kernel(n_tokens);
-                self.for_rows(w, &acts, cols / QK_K, n_tokens, out, |rows, tile, o| {
-                    q8k(t, rows, rb, tile, o)
-                });
+                let kernel =
+                    |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| q8k(t, rows, rb, tile, o);
+                match self.panel(w, n_tokens) {
+                    Some(tile) => {
+                        let split = RowSplit::new(w);
+                        let out_ptr = OutPtr(out.as_mut_ptr());
+                        let per_token = cols / QK_K;
+                        let work = |c: usize| {
+                            split.run_panels(
+                                c, w, &acts, per_token, n_tokens, out_ptr, tile, &kernel,
+                            )
+                        };
+                        if split.n_chunks <= 1 || crate::threads::threads() <= 1 {
+                            (0..split.n_chunks).for_each(work);
+                        } else {
+                            crate::threads::parallel_for(split.n_chunks, &work);
+                        }
+                    }
+                    None => self.for_rows(w, &acts, cols / QK_K, n_tokens, out, kernel),
+                }
                 ACTS_Q8K.with(|c| c.replace(acts));
             }
             (Partner::F32, WeightFormat::Ggml(t)) => {
@@ -565,18 +673,33 @@ impl Kernels for NativeKernels {
                     out_ptrs[i],
                     &|rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o),
                 ),
-                Partner::Q8K => splits[i].run(
-                    c,
-                    w,
-                    q8k_acts,
-                    cols / QK_K,
-                    n_tokens,
-                    TOKEN_TILE,
-                    out_ptrs[i],
-                    &|rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| {
+                Partner::Q8K => {
+                    let kernel = |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| {
                         q8k_rows(t, rows, rb, tile, o)
-                    },
-                ),
+                    };
+                    match self.panel(w, n_tokens) {
+                        Some(tile) => splits[i].run_panels(
+                            c,
+                            w,
+                            q8k_acts,
+                            cols / QK_K,
+                            n_tokens,
+                            out_ptrs[i],
+                            tile,
+                            &kernel,
+                        ),
+                        None => splits[i].run(
+                            c,
+                            w,
+                            q8k_acts,
+                            cols / QK_K,
+                            n_tokens,
+                            TOKEN_TILE,
+                            out_ptrs[i],
+                            &kernel,
+                        ),
+                    }
+                }
                 _ => splits[i].run(
                     c,
                     w,

@@ -24,6 +24,61 @@ mod kquants;
 #[path = "x86_legacy.rs"]
 #[macro_use]
 mod legacy;
+#[path = "x86_panel.rs"]
+mod panel;
+
+/// Whether a panel tile call is well formed: 4 token rows, each holding every block of
+/// `blocks`, and room for the 32 outputs.
+fn panel_call_ok<B>(blocks: &[B], acts: &[&[super::quantize::BlockQ8K]], out: &[f32]) -> bool {
+    acts.len() == 4
+        && out.len() >= 4 * super::panel::PANEL_ROWS
+        && acts.iter().all(|a| a.len() >= blocks.len())
+}
+
+/// One Q4_K panel × 4 tokens (see `x86_panel.rs`), checked: `false` for a malformed call.
+/// Only for a host with AVX-512 VNNI (the dispatch table of that level hands it out).
+pub(crate) fn q4k_panel_tile(
+    lines: &[super::panel::Line],
+    acts: &[&[super::quantize::BlockQ8K]],
+    out: &mut [f32],
+    one_token: bool,
+) -> bool {
+    let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::Q4kPanelBlock>(lines) else {
+        return false;
+    };
+    if !panel_call_ok(blocks, acts, out) {
+        return false;
+    }
+    // SAFETY: dispatch only hands this out on a host with the kernel's features, and the
+    // slices were checked just above.
+    unsafe {
+        if one_token {
+            panel::q4_k_panel_8x4::<true>(blocks, acts, out)
+        } else {
+            panel::q4_k_panel_8x4::<false>(blocks, acts, out)
+        }
+    }
+    true
+}
+
+/// One Q6_K panel × 4 tokens, checked as [`q4k_panel_tile`]; the one-token order is not
+/// kept (`false`).
+pub(crate) fn q6k_panel_tile(
+    lines: &[super::panel::Line],
+    acts: &[&[super::quantize::BlockQ8K]],
+    out: &mut [f32],
+    one_token: bool,
+) -> bool {
+    let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::Q6kPanelBlock>(lines) else {
+        return false;
+    };
+    if one_token || !panel_call_ok(blocks, acts, out) {
+        return false;
+    }
+    // SAFETY: as in `q4k_panel_tile`.
+    unsafe { panel::q6_k_panel_8x4(blocks, acts, out) };
+    true
+}
 
 /// `Σ` of 4-byte groups of `u8 × i8` products, AVX2: `maddubs` then `madd` with ones.
 #[inline]
@@ -220,7 +275,7 @@ macro_rules! tile_wide {
 /// (`legacy_kernels!` in `x86_legacy.rs`, `kquant_kernels!` in `x86_kquants.rs`,
 /// `float_kernels!` in `x86_float.rs`), all compiled with `$features`.
 macro_rules! x86_level {
-    ($level:ident, $features:literal, $mul_sum:path) => {
+    ($level:ident, $features:literal, $mul_sum:path, $zmm:literal) => {
         /// Kernels compiled for one x86 feature set.
         pub(crate) mod $level {
             use std::arch::x86_64::*;
@@ -331,20 +386,22 @@ macro_rules! x86_level {
             }
 
             legacy_kernels!($features, $mul_sum);
-            kquant_kernels!($features);
+            kquant_kernels!($features, $zmm);
             float_kernels!($features);
         }
     };
 }
 
-x86_level!(avx2, "avx2,fma,f16c", super::mul_sum_maddubs);
+x86_level!(avx2, "avx2,fma,f16c", super::mul_sum_maddubs, false);
 x86_level!(
     avx512,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl",
-    super::mul_sum_maddubs
+    super::mul_sum_maddubs,
+    false
 );
 x86_level!(
     vnni,
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
-    super::mul_sum_vnni
+    super::mul_sum_vnni,
+    true
 );

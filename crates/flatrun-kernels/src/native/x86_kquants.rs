@@ -52,9 +52,10 @@ pub(super) static Q3K_PATTERNS: Q3kPatterns = {
 
 /// The K-quant and IQ4_XS kernels of one x86 level and its `rows_q8k` / `rows_q8k_wide`
 /// entry points, expanded by `x86_level!` inside each level module (`$features`: the
-/// level's `#[target_feature]` list).
+/// level's `#[target_feature]` list; `$zmm`: whether the level multiplies Q4_K row pairs
+/// with [`q4_k_2x4_zmm`], which needs AVX-512 VNNI).
 macro_rules! kquant_kernels {
-    ($features:literal) => {
+    ($features:literal, $zmm:literal) => {
         /// The f16 at `p` (reads `p - 2 .. p + 2`: only for scales not at the start of a block).
         #[inline]
         #[target_feature(enable = $features)]
@@ -322,6 +323,140 @@ macro_rules! kquant_kernels {
                     }
                 }
                 _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
+            }
+        }
+
+        /// [`q4_k_2x4`] on 512-bit registers, for CPUs with AVX-512 VNNI: the same outputs, bit
+        /// for bit (every integer sum is exact, and each output's FMAs are the same, in the
+        /// same order). One register holds a 64-value chunk's nibbles of both rows (row 0 in
+        /// the low half) against a token's activations in both halves, so each `vpmaddubsw`
+        /// does both rows' work, and `vpdpwssd` applies the scales and adds in one
+        /// instruction (`vpmaddwd` + `vpaddd` before). Each token's sums are reduced by one
+        /// transposing tree of unpacks to the tile's eight outputs (lane 4·row + token).
+        /// `ONE_TOKEN`: the one-token order, each token's four chunk sums added (exact)
+        /// before the one reduction and FMA of the block.
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn q4_k_2x4_zmm<const ONE_TOKEN: bool>(r0: &[u8], r1: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            // SAFETY: as `q4_k_2x4` (the module's contract); the caller also promises the CPU
+            // has AVX-512 F/BW/VL and VNNI (only the VNNI level calls this).
+            unsafe {
+                /// Per 128-bit lane L of the result, `[Σ_L v0, Σ_L v1, Σ_L v2, Σ_L v3]`; then
+                /// lanes 0+1 (row 0) and 2+3 (row 1) added: `[row 0: t0..t4 | row 1: t0..t4]`.
+                #[inline]
+                #[target_feature(enable = "avx2,avx512f")]
+                unsafe fn reduce(v: [__m512i; 4]) -> __m256i {
+                    let x01 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[0], v[1]), _mm512_unpackhi_epi32(v[0], v[1]));
+                    let x23 = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2], v[3]), _mm512_unpackhi_epi32(v[2], v[3]));
+                    let y = _mm512_add_epi32(_mm512_unpacklo_epi64(x01, x23), _mm512_unpackhi_epi64(x01, x23));
+                    // [L0 L2 | L1 L3], then the two 256-bit halves added.
+                    let z = _mm512_shuffle_i32x4::<0b11_01_10_00>(y, y);
+                    _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
+                }
+                /// `acc + Σ` of i16 pairs `a·b`, as one `vpdpwssd` (left to itself, LLVM splits
+                /// it into `vpmaddwd` + `vpaddd`).
+                #[inline]
+                #[target_feature(enable = "avx512f,avx512vnni")]
+                fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+                    let mut acc = acc;
+                    // SAFETY: register-only, and this function's features include VNNI.
+                    unsafe {
+                        std::arch::asm!(
+                            "vpdpwssd {acc}, {a}, {b}",
+                            acc = inout(zmm_reg) acc,
+                            a = in(zmm_reg) a,
+                            b = in(zmm_reg) b,
+                            options(pure, nomem, nostack, preserves_flags)
+                        );
+                    }
+                    acc
+                }
+                let nb = r0.len() / BlockQ4K::BLOCK_BYTES;
+                let m4 = _mm512_set1_epi8(0x0F);
+                let mut acc = _mm256_setzero_ps();
+                let mut acc_m = _mm256_setzero_ps();
+                for i in 0..nb {
+                    let b = [r0.as_ptr().add(i * BlockQ4K::BLOCK_BYTES), r1.as_ptr().add(i * BlockQ4K::BLOCK_BYTES)];
+                    let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+                    let (d0, dmin0) = f16_pair(b[0]);
+                    let (d1, dmin1) = f16_pair(b[1]);
+                    let (sc0, mn0) = k4_scales_mins(b[0].add(BlockQ4K::SCALES_OFFSET));
+                    let (sc1, mn1) = k4_scales_mins(b[1].add(BlockQ4K::SCALES_OFFSET));
+                    let da = _mm_setr_ps(a[0].d, a[1].d, a[2].d, a[3].d);
+                    let da = _mm256_set_m128(da, da);
+                    let dd = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(d1), _mm_set1_ps(d0)), da);
+                    let dm = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(dmin1), _mm_set1_ps(dmin0)), da);
+                    // Each row's scales as i16 in its two 128-bit lanes.
+                    let sc = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(sc0), sc1);
+                    let mut block = [_mm512_setzero_si512(); 4];
+                    for c in 0..4 {
+                        let q = _mm512_inserti64x4::<1>(
+                            _mm512_castsi256_si512(_mm256_loadu_si256(b[0].add(BlockQ4K::QS_OFFSET + 32 * c) as *const __m256i)),
+                            _mm256_loadu_si256(b[1].add(BlockQ4K::QS_OFFSET + 32 * c) as *const __m256i),
+                        );
+                        // 64 values: low nibbles (scale 2c), then high nibbles (scale 2c+1).
+                        let lo = _mm512_and_si512(q, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(q), m4);
+                        let pick = |j: usize| _mm512_set1_epi16((((2 * j + 1) << 8) | (2 * j)) as i16);
+                        let s_lo = _mm512_shuffle_epi8(sc, pick(2 * c));
+                        let s_hi = _mm512_shuffle_epi8(sc, pick(2 * c + 1));
+                        let v: [__m512i; 4] = std::array::from_fn(|t| {
+                            let p = a[t].qs.as_ptr().add(64 * c);
+                            let a_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i));
+                            let a_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(32) as *const __m256i));
+                            let init = if ONE_TOKEN { block[t] } else { _mm512_setzero_si512() };
+                            let s = dpwssd512(init, _mm512_maddubs_epi16(lo, a_lo), s_lo);
+                            dpwssd512(s, _mm512_maddubs_epi16(hi, a_hi), s_hi)
+                        });
+                        if ONE_TOKEN {
+                            block = v;
+                        } else {
+                            acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce(v)), dd, acc);
+                        }
+                    }
+                    if ONE_TOKEN {
+                        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(reduce(block)), dd, acc);
+                    }
+                    // Min sums, as `q4_k_2x4`.
+                    let mins = _mm256_set_m128i(mn1, mn0);
+                    let m: [__m256i; 4] = std::array::from_fn(|t| {
+                        let bs = _mm256_loadu_si256(a[t].bsums.as_ptr() as *const __m256i);
+                        let pairs = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+                        _mm256_madd_epi16(mins, _mm256_set_m128i(pairs, pairs))
+                    });
+                    let m01l = _mm256_unpacklo_epi32(m[0], m[1]);
+                    let m01h = _mm256_unpackhi_epi32(m[0], m[1]);
+                    let m23l = _mm256_unpacklo_epi32(m[2], m[3]);
+                    let m23h = _mm256_unpackhi_epi32(m[2], m[3]);
+                    let chunks = [
+                        _mm256_unpacklo_epi64(m01l, m23l),
+                        _mm256_unpackhi_epi64(m01l, m23l),
+                        _mm256_unpacklo_epi64(m01h, m23h),
+                        _mm256_unpackhi_epi64(m01h, m23h),
+                    ];
+                    if ONE_TOKEN {
+                        let all = _mm256_add_epi32(_mm256_add_epi32(chunks[0], chunks[1]), _mm256_add_epi32(chunks[2], chunks[3]));
+                        acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dm, acc_m);
+                    } else {
+                        for mc in chunks {
+                            acc_m = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm, acc_m);
+                        }
+                    }
+                }
+                _mm256_storeu_ps(out.as_mut_ptr(), _mm256_sub_ps(acc, acc_m));
+            }
+        }
+
+        /// The Q4_K row-pair tile of this level (see `$zmm`).
+        #[inline(always)]
+        unsafe fn q4_k_pair<const ONE_TOKEN: bool>(r0: &[u8], r1: &[u8], acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            // SAFETY: the caller upholds the module's contract, and `$zmm` is set only for
+            // the level whose features include AVX-512 VNNI.
+            unsafe {
+                if $zmm {
+                    q4_k_2x4_zmm::<ONE_TOKEN>(r0, r1, acts, out)
+                } else {
+                    q4_k_2x4::<ONE_TOKEN>(r0, r1, acts, out)
+                }
             }
         }
 
@@ -1423,7 +1558,7 @@ macro_rules! kquant_kernels {
                 // row through pairs of tokens.
                 let n = rows.len() / rb;
                 for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(8)) {
-                    q4_k_2x4::<true>(&pair[..rb], &pair[rb..], acts, o);
+                    q4_k_pair::<true>(&pair[..rb], &pair[rb..], acts, o);
                 }
                 if n % 2 == 1 {
                     let row = &rows[(n - 1) * rb..];
@@ -1464,7 +1599,7 @@ macro_rules! kquant_kernels {
                     // features, and `checked` verified every slice the kernels index.
                     unsafe {
                         for (pair, o) in rows.chunks_exact(2 * rb).zip(out.chunks_exact_mut(8)) {
-                            q4_k_2x4::<false>(&pair[..rb], &pair[rb..], acts, o);
+                            q4_k_pair::<false>(&pair[..rb], &pair[rb..], acts, o);
                         }
                         if n % 2 == 1 {
                             q4_k_n::<4>(&rows[(n - 1) * rb..], acts, &mut out[4 * (n - 1)..4 * n]);

@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Prefill race: prompt-processing tokens/s of Flatrun against llama.cpp at
+several prompt lengths, every weight resident, in one run.
+
+For each round, model and length (ppN, synthetic tokens as `llama-bench -p N`),
+`llama-bench -p N -n 0 -r 1` and `flatrun bench --residency resident -p N -n 0
+-r 1` run back to back, the one going first alternating between rounds, so both
+share the machine's noise. Each tool warms up once before its timed run
+(llama-bench's warm-up run, Flatrun's untimed pass). Prints Flatrun ÷ llama.cpp
+per model and length (median [min–max] of the rounds' ratios) and writes every
+sample to `benches/race/results/prefill-latest.json`.
+
+Example:
+    LLAMA_CPP_BIN=~/llama.cpp/build/bin benches/race/prefill.py \\
+        --models ~/.cache/flatrun/models --lengths 128 512 2048 --rounds 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import race  # noqa: E402  (the shared runners and ratio helpers)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--llama-bin", default=os.environ.get("LLAMA_CPP_BIN"),
+                    help="directory holding llama-bench (default: $LLAMA_CPP_BIN)")
+    ap.add_argument("--flatrun", default=str(race.REPO / "target/release/flatrun"), help="flatrun binary")
+    ap.add_argument("--models", nargs="+",
+                    default=[os.environ.get("FLATRUN_MODELS", str(Path.home() / ".cache/flatrun/models"))],
+                    help="GGUF files or directories of them")
+    ap.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048], help="prompt lengths")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--out", default=str(race.REPO / "benches/race/results"), help="directory for the JSON")
+    args = ap.parse_args()
+    if not args.llama_bin:
+        sys.exit("set LLAMA_CPP_BIN or pass --llama-bin")
+    models = race.find_models(args.models)
+    if not models:
+        sys.exit("no GGUF models found")
+
+    samples: dict[str, dict[int, dict[str, list[float]]]] = {
+        m.name: {p: {"flatrun": [], "llama": []} for p in args.lengths} for m in models
+    }
+    for rnd in range(args.rounds):
+        for model in models:
+            for p in args.lengths:
+                flatrun_first = (rnd % 2) == 0
+                for who in (["flatrun", "llama"] if flatrun_first else ["llama", "flatrun"]):
+                    if who == "flatrun":
+                        out, _ = race.flatrun_bench(args, model, p, 0, "resident")
+                    else:
+                        out, _ = race.llama_bench(args, model, p, 0, [])
+                    tps = out[f"pp{p}"]["tok_s"]
+                    samples[model.name][p][who].append(tps)
+                    race.log(f"round {rnd + 1}: {model.name} pp{p} {who} {tps:.1f} t/s")
+
+    print("\n| model | prompt | Flatrun t/s | llama.cpp t/s | Flatrun ÷ llama.cpp |")
+    print("|---|---:|---:|---:|---:|")
+    for model in models:
+        for p in args.lengths:
+            s = samples[model.name][p]
+            r = race.paired_ratio(s["flatrun"], s["llama"])
+            f, l = race.summarize(s["flatrun"]), race.summarize(s["llama"])
+            print(f"| {model.name} | pp{p} | {f['median']:.1f} [{f['min']:.1f}–{f['max']:.1f}] "
+                  f"| {l['median']:.1f} [{l['min']:.1f}–{l['max']:.1f}] "
+                  f"| **{r['median']:.2f}×** [{r['min']:.2f}–{r['max']:.2f}] |")
+
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "command": " ".join(sys.argv),
+        "samples": samples,
+    }
+    path = out_dir / "prefill-latest.json"
+    path.write_text(json.dumps(doc, indent=1))
+    race.log(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,204 @@
+//! The AVX-512 VNNI tiles over Q4_K and Q6_K panels (`native/panel.rs`): 8 rows × 4 tokens.
+
+use std::arch::x86_64::*;
+
+use crate::native::panel::{PANEL_ROWS, Q4kPanelBlock, Q6kPanelBlock};
+use crate::native::quantize::BlockQ8K;
+
+/// `acc + Σ` of i16 pairs `a·b`, as one `vpdpwssd` (left to itself, LLVM splits it into
+/// `vpmaddwd` + `vpaddd`, one more instruction on the two ports 512-bit code has).
+#[inline]
+#[target_feature(enable = "avx512f,avx512vnni")]
+fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+    let mut acc = acc;
+    // SAFETY: register-only, and this function's features include VNNI.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(zmm_reg) acc,
+            a = in(zmm_reg) a,
+            b = in(zmm_reg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
+/// The 8 i32 sums of each row's two lanes (row r owns lanes `2r`, `2r + 1`), exact.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn row_sums(v: __m512i) -> __m256i {
+    _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64::<32>(v)))
+}
+
+/// One panel (8 rows, `blocks` = its `nb` super-blocks) × 4 Q8_K token rows, bit for bit
+/// the outputs of the one-row Q4_K kernels in the same order: per output, one FMA per
+/// 64-value chunk into a scale and a min accumulator (ggml's repacked GEMM), or with
+/// `ONE_TOKEN` one FMA per 256 values (its repacked GEMV, the one-token order). The integer
+/// sums are exact whatever their grouping, so only the FMAs fix the bits, and they are the
+/// one-row kernels' FMAs. `out[r·4 + t]` = row r, token t.
+///
+/// # Safety
+/// The CPU has AVX2, FMA, AVX-512 F/BW/VL and VNNI; every `acts[t]` (4 of them) holds at
+/// least `blocks.len()` blocks; `out` holds 32 values.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
+    blocks: &[Q4kPanelBlock],
+    acts: &[&[BlockQ8K]],
+    out: &mut [f32],
+) {
+    // SAFETY: every pointer read below lies in `blocks` or in the first `blocks.len()`
+    // blocks of each of the 4 activation rows (the caller's promise).
+    unsafe {
+        let m4 = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut acc_m = [_mm256_setzero_ps(); 4];
+        for (i, blk) in blocks.iter().enumerate() {
+            let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+            let d = _mm256_loadu_ps(blk.d.as_ptr());
+            let dmin = _mm256_loadu_ps(blk.dmin.as_ptr());
+            // Per token: d_w·d_a and dmin_w·d_a for the 8 rows, the one-row kernels' products.
+            let dd: [__m256; 4] = std::array::from_fn(|t| _mm256_mul_ps(d, _mm256_set1_ps(a[t].d)));
+            let dm: [__m256; 4] =
+                std::array::from_fn(|t| _mm256_mul_ps(dmin, _mm256_set1_ps(a[t].d)));
+            let mut whole = [_mm512_setzero_si512(); 4];
+            for c in 0..4 {
+                let s_lo = _mm512_loadu_si512(blk.scales[2 * c].as_ptr() as *const __m512i);
+                let s_hi = _mm512_loadu_si512(blk.scales[2 * c + 1].as_ptr() as *const __m512i);
+                let mut sum = if ONE_TOKEN {
+                    whole
+                } else {
+                    [_mm512_setzero_si512(); 4]
+                };
+                for g in 0..4 {
+                    let w = _mm512_loadu_si512(blk.qs[4 * c + g].as_ptr() as *const __m512i);
+                    let lo = _mm512_and_si512(w, m4);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                    for t in 0..4 {
+                        let p = a[t].qs.as_ptr().add(64 * c + 8 * g);
+                        let a_lo = _mm512_set1_epi64((p as *const i64).read_unaligned());
+                        let a_hi = _mm512_set1_epi64((p.add(32) as *const i64).read_unaligned());
+                        let s = dpwssd(sum[t], _mm512_maddubs_epi16(lo, a_lo), s_lo);
+                        sum[t] = dpwssd(s, _mm512_maddubs_epi16(hi, a_hi), s_hi);
+                    }
+                }
+                if ONE_TOKEN {
+                    whole = sum;
+                } else {
+                    for t in 0..4 {
+                        acc[t] =
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(sum[t])), dd[t], acc[t]);
+                    }
+                }
+            }
+            if ONE_TOKEN {
+                for t in 0..4 {
+                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(whole[t])), dd[t], acc[t]);
+                }
+            }
+            // The mins against each token's sums of 32 values (pairs of its 16-value sums):
+            // per chunk c, row r's `min[2c]·P[2c] + min[2c+1]·P[2c+1]`.
+            let mins: [__m256i; 4] =
+                std::array::from_fn(|c| _mm256_loadu_si256(blk.mins[c].as_ptr() as *const __m256i));
+            for t in 0..4 {
+                let bs = _mm256_loadu_si256(a[t].bsums.as_ptr() as *const __m256i);
+                let pairs = _mm_hadd_epi16(
+                    _mm256_castsi256_si128(bs),
+                    _mm256_extracti128_si256::<1>(bs),
+                );
+                let pairs = _mm256_set_m128i(pairs, pairs);
+                let m: [__m256i; 4] = [
+                    _mm256_madd_epi16(mins[0], _mm256_shuffle_epi32::<0x00>(pairs)),
+                    _mm256_madd_epi16(mins[1], _mm256_shuffle_epi32::<0x55>(pairs)),
+                    _mm256_madd_epi16(mins[2], _mm256_shuffle_epi32::<0xAA>(pairs)),
+                    _mm256_madd_epi16(mins[3], _mm256_shuffle_epi32::<0xFF>(pairs)),
+                ];
+                if ONE_TOKEN {
+                    let all = _mm256_add_epi32(
+                        _mm256_add_epi32(m[0], m[1]),
+                        _mm256_add_epi32(m[2], m[3]),
+                    );
+                    acc_m[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dm[t], acc_m[t]);
+                } else {
+                    for mc in m {
+                        acc_m[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm[t], acc_m[t]);
+                    }
+                }
+            }
+        }
+        store_transposed(
+            std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
+            out,
+        );
+    }
+}
+
+/// Each token's 8 row outputs into `out[r·4 + t]`.
+///
+/// # Safety
+/// `out` holds 32 values; the CPU has AVX.
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn store_transposed(v: [__m256; 4], out: &mut [f32]) {
+    let mut res = [[0f32; PANEL_ROWS]; 4];
+    for t in 0..4 {
+        // SAFETY: `res[t]` holds 8 floats.
+        unsafe { _mm256_storeu_ps(res[t].as_mut_ptr(), v[t]) };
+    }
+    for r in 0..PANEL_ROWS {
+        for t in 0..4 {
+            // SAFETY: 4r + t < 32 ≤ out.len() (the caller's promise).
+            unsafe { *out.get_unchecked_mut(4 * r + t) = res[t][r] };
+        }
+    }
+}
+
+/// One Q6_K panel × 4 Q8_K token rows in the order of ggml's tiled K-quant matmul (which
+/// `q6_k_n::<true, _>` keeps): per output and block, the exact integer sum `isum` of
+/// `scale·q·a`, then `acc = fma(d_w·isum, d_a, acc)`. The values are unsigned (value + 32),
+/// their offset taken off through the activations' 16-value sums. `out[r·4 + t]`.
+///
+/// # Safety
+/// As [`q4_k_panel_8x4`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn q6_k_panel_8x4(
+    blocks: &[Q6kPanelBlock],
+    acts: &[&[BlockQ8K]],
+    out: &mut [f32],
+) {
+    // SAFETY: every pointer read below lies in `blocks` or in the first `blocks.len()`
+    // blocks of each of the 4 activation rows (the caller's promise).
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); 4];
+        for (i, blk) in blocks.iter().enumerate() {
+            let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+            let mut sum = [_mm512_setzero_si512(); 4];
+            for g in 0..16 {
+                let s = _mm512_loadu_si512(blk.scales[g].as_ptr() as *const __m512i);
+                for v in [2 * g, 2 * g + 1] {
+                    let w = _mm512_loadu_si512(blk.q[v].as_ptr() as *const __m512i);
+                    for t in 0..4 {
+                        let p = a[t].qs.as_ptr().add(8 * v);
+                        let av = _mm512_set1_epi64((p as *const i64).read_unaligned());
+                        sum[t] = dpwssd(sum[t], _mm512_maddubs_epi16(w, av), s);
+                    }
+                }
+            }
+            let d = _mm256_loadu_ps(blk.d.as_ptr());
+            for t in 0..4 {
+                // Σ_g scale[r][g] · bsums[g], one i32 per row.
+                let mut offset = _mm256_setzero_si256();
+                for p in 0..8 {
+                    let pairs = _mm256_loadu_si256(blk.scale_pairs[p].as_ptr() as *const __m256i);
+                    let bs = (a[t].bsums.as_ptr().add(2 * p) as *const i32).read_unaligned();
+                    offset =
+                        _mm256_add_epi32(offset, _mm256_madd_epi16(pairs, _mm256_set1_epi32(bs)));
+                }
+                let isum = _mm256_sub_epi32(row_sums(sum[t]), _mm256_slli_epi32::<5>(offset));
+                let res = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
+                acc[t] = _mm256_fmadd_ps(res, _mm256_set1_ps(a[t].d), acc[t]);
+            }
+        }
+        store_transposed(acc, out);
+    }
+}
