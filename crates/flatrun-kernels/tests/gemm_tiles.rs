@@ -94,6 +94,22 @@ fn k_quant_panels_match_one_row_kernels() {
     }
 }
 
+/// From 16 tokens, the 32-value formats' row groups go through 8-row panels too (on
+/// AVX-512 VNNI): the same bits as calls of 4 tokens and as each row alone.
+#[test]
+fn legacy_panels_match_tiles_of_4() {
+    for (i, &t) in LEGACY_FORMATS.iter().enumerate() {
+        for (j, (rows, blocks, n)) in [(8, 3, 16), (37, 5, 19), (64, 2, 23), (129, 1, 17)]
+            .into_iter()
+            .enumerate()
+        {
+            let seed = (60 + 10 * i + j) as u64;
+            wide_tiles_match_tiles_of_4(t, rows, blocks, n, seed);
+            rows_alone_match_matrix(t, rows, blocks, n, seed);
+        }
+    }
+}
+
 #[test]
 fn legacy_wide_tiles_match_tiles_of_4() {
     for (i, &t) in LEGACY_FORMATS.iter().enumerate() {

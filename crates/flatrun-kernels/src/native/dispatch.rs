@@ -31,8 +31,10 @@ pub(crate) struct Dispatch {
     pub q8k_one: Q8KRows,
     pub f32: F32Rows,
     /// The Q4_K and Q6_K panel tiles (`super::panel`) where the level has them (AVX-512 VNNI).
-    pub q4k_panel: Option<super::panel::PanelTile>,
-    pub q6k_panel: Option<super::panel::PanelTile>,
+    pub q4k_panel: Option<super::panel::PanelTile<BlockQ8K>>,
+    pub q6k_panel: Option<super::panel::PanelTile<BlockQ8K>>,
+    /// The legacy formats' panel tiles, `[signed values, unsigned with a min]`.
+    pub q8_panel: Option<[super::panel::PanelTile<BlockQ8>; 2]>,
     /// The widest token tile `q8` takes: 4, or 8 where it has 8-token kernels (x86). Tiles
     /// are 1..=4 tokens or exactly this many.
     pub q8_tile: usize,
@@ -78,6 +80,7 @@ impl Dispatch {
             f32: scalar::rows_f32,
             q4k_panel: None,
             q6k_panel: None,
+            q8_panel: None,
             q8_tile: 4,
         };
         match level {
@@ -90,6 +93,7 @@ impl Dispatch {
                 f32: super::x86::avx2::rows_f32,
                 q4k_panel: None,
                 q6k_panel: None,
+                q8_panel: None,
                 q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
@@ -101,6 +105,7 @@ impl Dispatch {
                 f32: super::x86::avx512::rows_f32,
                 q4k_panel: None,
                 q6k_panel: None,
+                q8_panel: None,
                 q8_tile: 8,
             },
             #[cfg(target_arch = "x86_64")]
@@ -112,6 +117,10 @@ impl Dispatch {
                 f32: super::x86::vnni::rows_f32,
                 q4k_panel: Some(super::x86::q4k_panel_tile),
                 q6k_panel: Some(super::x86::q6k_panel_tile),
+                q8_panel: Some([
+                    super::x86::legacy_panel_tile_signed,
+                    super::x86::legacy_panel_tile_unsigned,
+                ]),
                 q8_tile: 8,
             },
             #[cfg(target_arch = "aarch64")]
@@ -123,6 +132,7 @@ impl Dispatch {
                 f32: super::arm::neon::rows_f32,
                 q4k_panel: None,
                 q6k_panel: None,
+                q8_panel: None,
                 q8_tile: 4,
             },
             #[cfg(target_arch = "aarch64")]
@@ -134,6 +144,7 @@ impl Dispatch {
                 f32: super::arm::dotprod::rows_f32,
                 q4k_panel: None,
                 q6k_panel: None,
+                q8_panel: None,
                 q8_tile: 4,
             },
             _ => scalar,

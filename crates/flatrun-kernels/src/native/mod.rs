@@ -215,18 +215,60 @@ impl NativeKernels {
         }
     }
 
-    /// The panel layout and tile for a call of `n_tokens` tokens on `w`, and whether in the
-    /// one-token order (as [`Self::q8k_kernel`] picks it), where panels pay.
-    fn panel(&self, w: &Weight, n_tokens: usize) -> Option<(panel::PanelFormat, bool)> {
+    /// [`Self::for_rows`] through panels ([`RowSplit::run_panels`]).
+    #[allow(clippy::too_many_arguments)]
+    fn for_panels<A: Sync>(
+        &self,
+        w: &Weight,
+        acts: &[A],
+        acts_per_token: usize,
+        n_tokens: usize,
+        out: &mut [f32],
+        format: (panel::PanelFormat<A>, bool),
+        kernel: &(impl Fn(&[u8], &[&[A]], &mut [f32]) + Sync),
+    ) {
+        let split = RowSplit::new(w);
+        let out_ptr = OutPtr(out.as_mut_ptr());
+        let work = |c: usize| {
+            split.run_panels(
+                c,
+                w,
+                acts,
+                acts_per_token,
+                n_tokens,
+                out_ptr,
+                format,
+                kernel,
+            )
+        };
+        if split.n_chunks <= 1 || crate::threads::threads() <= 1 {
+            (0..split.n_chunks).for_each(work);
+        } else {
+            crate::threads::parallel_for(split.n_chunks, &work);
+        }
+    }
+
+    /// The K-quant panel layout and tile for a call of `n_tokens` tokens on `w`, and whether
+    /// in the one-token order (as [`Self::q8k_kernel`] picks it), where panels pay.
+    fn panel(&self, w: &Weight, n_tokens: usize) -> Option<(panel::PanelFormat<BlockQ8K>, bool)> {
         let WeightFormat::Ggml(t) = w.format else {
             return None;
         };
         let f = panel::panel_format(t, self.dispatch.q4k_panel, self.dispatch.q6k_panel)?;
-        let one_token = crate::call_order::order_tokens(n_tokens) == 1;
-        let whole_blocks =
-            w.cols.is_multiple_of(QK_K) && w.row_bytes() == w.cols / QK_K * f.block_bytes;
-        (whole_blocks && n_tokens >= PANEL_MIN_TOKENS && (f.one_token || !one_token))
-            .then_some((f, one_token))
+        panel_call(w, n_tokens, QK_K, f)
+    }
+
+    /// [`Self::panel`] for the 32-value formats against Q8 activations.
+    fn legacy_panel(
+        &self,
+        w: &Weight,
+        n_tokens: usize,
+    ) -> Option<(panel::PanelFormat<BlockQ8>, bool)> {
+        let WeightFormat::Ggml(t) = w.format else {
+            return None;
+        };
+        let f = panel::legacy_panel_format(t, self.dispatch.q8_panel)?;
+        panel_call(w, n_tokens, QK8, f)
     }
 
     /// The Q8_K kernel for a call of `n_tokens` tokens (ggml sums wide calls in
@@ -392,16 +434,16 @@ impl RowSplit {
     /// tile; the group's last rows (fewer than a panel) and the last tokens (fewer than 4)
     /// take `kernel`, the raw-row kernel of the same float order.
     #[allow(clippy::too_many_arguments)]
-    fn run_panels(
+    fn run_panels<A>(
         &self,
         c: usize,
         w: &Weight,
-        acts: &[BlockQ8K],
+        acts: &[A],
         acts_per_token: usize,
         n_tokens: usize,
         out_ptr: OutPtr,
-        (format, one_token): (panel::PanelFormat, bool),
-        kernel: &(impl Fn(&[u8], &[&[BlockQ8K]], &mut [f32]) + ?Sized),
+        (format, one_token): (panel::PanelFormat<A>, bool),
+        kernel: &(impl Fn(&[u8], &[&[A]], &mut [f32]) + ?Sized),
     ) {
         let rows = w.rows;
         let rb = w.row_bytes().max(1);
@@ -421,7 +463,7 @@ impl RowSplit {
             let mut t0 = 0;
             while t0 < n_tokens {
                 let nt = (n_tokens - t0).min(TOKEN_TILE);
-                let tokens: [&[BlockQ8K]; TOKEN_TILE] = std::array::from_fn(|k| {
+                let tokens: [&[A]; TOKEN_TILE] = std::array::from_fn(|k| {
                     let t = (t0 + k).min(n_tokens - 1);
                     &acts[t * acts_per_token..(t + 1) * acts_per_token]
                 });
@@ -450,6 +492,21 @@ impl RowSplit {
         }
         PANELS.with(|p| p.replace(packed));
     }
+}
+
+/// `format` for a call of `n_tokens` tokens on `w` (blocks of `block` values), and whether
+/// in the one-token order, where panels pay and keep the call's order.
+fn panel_call<A>(
+    w: &Weight,
+    n_tokens: usize,
+    block: usize,
+    format: panel::PanelFormat<A>,
+) -> Option<(panel::PanelFormat<A>, bool)> {
+    let one_token = crate::call_order::order_tokens(n_tokens) == 1;
+    let whole_blocks =
+        w.cols.is_multiple_of(block) && w.row_bytes() == w.cols / block * format.block_bytes;
+    (whole_blocks && n_tokens >= PANEL_MIN_TOKENS && (format.one_token || !one_token))
+        .then_some((format, one_token))
 }
 
 /// Store a kernel's tile outputs (`o[i·nt + k]` = row `s0 + i`, token `t0 + k`) into the
@@ -500,15 +557,16 @@ impl Kernels for NativeKernels {
                 quantize_tokens(x, n_tokens, &mut acts, quantize_q8);
                 let rb = w.row_bytes();
                 let per_token = cols / QK8;
-                self.for_rows_tiled(
-                    w,
-                    &acts,
-                    per_token,
-                    n_tokens,
-                    d.q8_tile,
-                    out,
-                    |rows, tile, o| (d.q8)(t, rows, rb, tile, o),
-                );
+                let kernel =
+                    |rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o);
+                match self.legacy_panel(w, n_tokens) {
+                    Some(format) => {
+                        self.for_panels(w, &acts, per_token, n_tokens, out, format, &kernel)
+                    }
+                    None => {
+                        self.for_rows_tiled(w, &acts, per_token, n_tokens, d.q8_tile, out, kernel)
+                    }
+                }
                 ACTS_Q8.with(|c| c.replace(acts));
             }
             (Partner::Q8K, WeightFormat::Ggml(t)) => {
@@ -521,20 +579,8 @@ impl Kernels for NativeKernels {
                 let kernel =
                     |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| q8k(t, rows, rb, tile, o);
                 match self.panel(w, n_tokens) {
-                    Some(tile) => {
-                        let split = RowSplit::new(w);
-                        let out_ptr = OutPtr(out.as_mut_ptr());
-                        let per_token = cols / QK_K;
-                        let work = |c: usize| {
-                            split.run_panels(
-                                c, w, &acts, per_token, n_tokens, out_ptr, tile, &kernel,
-                            )
-                        };
-                        if split.n_chunks <= 1 || crate::threads::threads() <= 1 {
-                            (0..split.n_chunks).for_each(work);
-                        } else {
-                            crate::threads::parallel_for(split.n_chunks, &work);
-                        }
+                    Some(format) => {
+                        self.for_panels(w, &acts, cols / QK_K, n_tokens, out, format, &kernel)
                     }
                     None => self.for_rows(w, &acts, cols / QK_K, n_tokens, out, kernel),
                 }
@@ -663,16 +709,33 @@ impl Kernels for NativeKernels {
             };
             let rb = w.row_bytes();
             match partner(w.format) {
-                Partner::Q8 => splits[i].run(
-                    c,
-                    w,
-                    q8_acts,
-                    cols / QK8,
-                    n_tokens,
-                    d.q8_tile,
-                    out_ptrs[i],
-                    &|rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o),
-                ),
+                Partner::Q8 => {
+                    let kernel = |rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| {
+                        (d.q8)(t, rows, rb, tile, o)
+                    };
+                    match self.legacy_panel(w, n_tokens) {
+                        Some(format) => splits[i].run_panels(
+                            c,
+                            w,
+                            q8_acts,
+                            cols / QK8,
+                            n_tokens,
+                            out_ptrs[i],
+                            format,
+                            &kernel,
+                        ),
+                        None => splits[i].run(
+                            c,
+                            w,
+                            q8_acts,
+                            cols / QK8,
+                            n_tokens,
+                            d.q8_tile,
+                            out_ptrs[i],
+                            &kernel,
+                        ),
+                    }
+                }
                 Partner::Q8K => {
                     let kernel = |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| {
                         q8k_rows(t, rows, rb, tile, o)

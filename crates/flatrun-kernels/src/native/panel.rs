@@ -1,4 +1,5 @@
-//! Q4_K and Q6_K weights repacked into panels of 8 rows for the prefill GEMM, as ggml's
+//! Q4_K, Q6_K and the 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) repacked
+//! into panels of 8 rows for the prefill GEMM, as ggml's
 //! `repack.cpp` interleaves Q4_K rows at load, but done per L2-sized row group inside
 //! each matrix multiplication (so streamed layers, used straight from their read buffer,
 //! get it too): the group is walked by every tile of 4 tokens, and its repacking costs
@@ -7,14 +8,22 @@
 //! In a panel one 64-byte vector holds 8 bytes of packed nibbles from each of the 8 rows,
 //! so a tile kernel multiplies all 8 rows by one token's 8 (broadcast) activation bytes at
 //! once and every lane pair of its accumulator belongs to one row: no horizontal sums until
-//! the end of each 64-value chunk (Q4_K) or block (Q6_K). The scales, mins and
-//! super-block scales (and Q6_K's 6-bit values) are unpacked once here instead of once
-//! per token tile.
+//! the end of each 64-value chunk (Q4_K) or block (Q6_K), or, for the 32-value formats,
+//! whose float order keeps eight lanes of four values per output (ggml's `vec_dot`), each
+//! row's lanes stay apart in two vector lanes per 8 values until the end. The scales,
+//! mins and super-block scales (and the values of the 5-, 6- and 8-bit formats, and
+//! IQ4_NL's codebook lookups) are unpacked once here instead of once per token tile.
 
 use bytemuck::{Pod, Zeroable};
 use flatrun_dequant::blocks::k_quants::scale_min_k4;
-use flatrun_dequant::{BlockFormat, BlockQ4K, BlockQ6K};
+use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
+use flatrun_dequant::{
+    BlockFormat, BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ4K, BlockQ5_0, BlockQ5_1, BlockQ6K,
+    BlockQ8_0,
+};
 use flatrun_format::GgmlType;
+
+use crate::native::quantize::{BlockQ8, BlockQ8K};
 
 /// Rows per panel.
 pub(crate) const PANEL_ROWS: usize = 8;
@@ -24,31 +33,38 @@ pub(crate) const PANEL_ROWS: usize = 8;
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Line(pub(crate) [u8; 64]);
 
-/// One panel (8 rows × every block of a row) × 4 Q8_K token rows → `out[r·4 + t]`, in the
-/// one-token order if asked; `false` (nothing written) for a call it cannot take.
-pub(crate) type PanelTile =
-    fn(&[Line], &[&[crate::native::quantize::BlockQ8K]], &mut [f32], bool) -> bool;
+/// One panel (8 rows × every block of a row) × 4 token rows of activation blocks `A` →
+/// `out[r·4 + t]`, in the one-token order if asked; `false` (nothing written) for a call it
+/// cannot take.
+pub(crate) type PanelTile<A> = fn(&[Line], &[&[A]], &mut [f32], bool) -> bool;
 
 /// How one format is repacked and multiplied in panels.
-#[derive(Clone, Copy)]
-pub(crate) struct PanelFormat {
-    /// Lines per panel block (8 rows × one super-block).
+pub(crate) struct PanelFormat<A> {
+    /// Lines per panel block (8 rows × one block).
     pub(crate) lines_per_block: usize,
     /// Raw bytes of one row's block.
     pub(crate) block_bytes: usize,
     /// Repack whole panels of raw rows of `rb` bytes into lines.
     pub(crate) repack: fn(&[u8], usize, &mut Vec<Line>),
-    pub(crate) tile: PanelTile,
+    pub(crate) tile: PanelTile<A>,
     /// Whether `tile` keeps the one-token order (else such calls keep raw rows).
     pub(crate) one_token: bool,
 }
 
-/// The panel layout of `t` with the level's tiles, where both exist.
+// By hand: a derive would ask `A: Copy`, and only function pointers are held.
+impl<A> Clone for PanelFormat<A> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<A> Copy for PanelFormat<A> {}
+
+/// The panel layout of K-quant `t` with the level's tiles, where both exist.
 pub(crate) fn panel_format(
     t: GgmlType,
-    q4k: Option<PanelTile>,
-    q6k: Option<PanelTile>,
-) -> Option<PanelFormat> {
+    q4k: Option<PanelTile<BlockQ8K>>,
+    q6k: Option<PanelTile<BlockQ8K>>,
+) -> Option<PanelFormat<BlockQ8K>> {
     match t {
         GgmlType::Q4_K => q4k.map(|tile| PanelFormat {
             lines_per_block: std::mem::size_of::<Q4kPanelBlock>() / 64,
@@ -187,6 +203,138 @@ pub(crate) fn repack_q6k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                 dst.d[r] =
                     half::f16::from_le_bytes([b[BlockQ6K::D_OFFSET], b[BlockQ6K::D_OFFSET + 1]])
                         .to_f32();
+            }
+        }
+    }
+}
+
+/// One 32-value block of 8 rows of a legacy format, for the tiles against Q8 activations.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Pod, Zeroable)]
+pub(crate) struct LegacyPanelBlock {
+    /// Vector v (0..4): row r's values `8v .. 8v + 8` as bytes at `8r ..`: `i8`, or `u8`
+    /// for the formats with a min (Q4_1, Q5_1).
+    pub(crate) q: [[u8; 64]; 4],
+    /// Row r's scale in lanes `2r` and `2r + 1`.
+    pub(crate) d: [f32; 16],
+    /// Row r's min (Q4_1, Q5_1; else 0).
+    pub(crate) m: [f32; 8],
+    pad: [f32; 8],
+}
+
+const _: () = assert!(std::mem::size_of::<LegacyPanelBlock>() == 384);
+
+/// Whether the values of legacy format `t` are unsigned, with a min.
+pub(crate) fn legacy_unsigned(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1)
+}
+
+/// The panel layout of legacy format `t` with the level's tiles (`[signed, unsigned]`).
+pub(crate) fn legacy_panel_format(
+    t: GgmlType,
+    tiles: Option<[PanelTile<BlockQ8>; 2]>,
+) -> Option<PanelFormat<BlockQ8>> {
+    let tiles = tiles?;
+    let repack: fn(&[u8], usize, &mut Vec<Line>) = match t {
+        GgmlType::Q4_0 => repack_legacy::<{ GgmlType::Q4_0 as u32 }>,
+        GgmlType::Q4_1 => repack_legacy::<{ GgmlType::Q4_1 as u32 }>,
+        GgmlType::Q5_0 => repack_legacy::<{ GgmlType::Q5_0 as u32 }>,
+        GgmlType::Q5_1 => repack_legacy::<{ GgmlType::Q5_1 as u32 }>,
+        GgmlType::Q8_0 => repack_legacy::<{ GgmlType::Q8_0 as u32 }>,
+        GgmlType::IQ4_NL => repack_legacy::<{ GgmlType::IQ4_NL as u32 }>,
+        _ => return None,
+    };
+    Some(PanelFormat {
+        lines_per_block: std::mem::size_of::<LegacyPanelBlock>() / 64,
+        block_bytes: t.type_size(),
+        repack,
+        tile: tiles[usize::from(legacy_unsigned(t))],
+        one_token: true,
+    })
+}
+
+/// The 32 values of one block of legacy format `T` (bytes `b`), with its scale and min:
+/// ggml's dequantization before the scale (values `i8`, or `u8` with a min).
+fn legacy_values<const T: u32>(b: &[u8]) -> ([u8; 32], f32, f32) {
+    const Q4_0: u32 = GgmlType::Q4_0 as u32;
+    const Q4_1: u32 = GgmlType::Q4_1 as u32;
+    const Q5_0: u32 = GgmlType::Q5_0 as u32;
+    const Q5_1: u32 = GgmlType::Q5_1 as u32;
+    const Q8_0: u32 = GgmlType::Q8_0 as u32;
+    const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
+    let f16_at = |o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+    let (d, m) = match T {
+        Q4_1 | Q5_1 => (f16_at(0), f16_at(2)),
+        _ => (f16_at(0), 0.0),
+    };
+    let mut v = [0u8; 32];
+    if T == Q8_0 {
+        v.copy_from_slice(&b[BlockQ8_0::QS_OFFSET..BlockQ8_0::QS_OFFSET + 32]);
+        return (v, d, m);
+    }
+    // Low nibbles are values 0..16, high nibbles 16..32.
+    let qs_at = match T {
+        Q4_0 => BlockQ4_0::QS_OFFSET,
+        Q4_1 => BlockQ4_1::QS_OFFSET,
+        Q5_0 => BlockQ5_0::QS_OFFSET,
+        Q5_1 => BlockQ5_1::QS_OFFSET,
+        _ => BlockIq4Nl::QS_OFFSET,
+    };
+    let qs = &b[qs_at..qs_at + 16];
+    for j in 0..16 {
+        v[j] = qs[j] & 0x0F;
+        v[j + 16] = qs[j] >> 4;
+    }
+    match T {
+        Q4_0 => v.iter_mut().for_each(|x| *x = x.wrapping_sub(8)),
+        Q5_0 | Q5_1 => {
+            // Bit j of `qh` is value j's fifth bit; Q5_0 then takes 16 off (as i8).
+            let at = if T == Q5_0 {
+                BlockQ5_0::QH_OFFSET
+            } else {
+                BlockQ5_1::QH_OFFSET
+            };
+            let h = u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+            for (j, x) in v.iter_mut().enumerate() {
+                *x |= (((h >> j) & 1) as u8) << 4;
+                if T == Q5_0 {
+                    *x = x.wrapping_sub(16);
+                }
+            }
+        }
+        IQ4_NL => v
+            .iter_mut()
+            .for_each(|x| *x = KVALUES_IQ4NL[usize::from(*x)] as u8),
+        _ => {}
+    }
+    (v, d, m)
+}
+
+/// Repack whole rows of legacy format `T` as [`repack_q4k`] does Q4_K rows.
+fn repack_legacy<const T: u32>(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
+    let ts = match T {
+        x if x == GgmlType::Q4_0 as u32 => BlockQ4_0::BLOCK_BYTES,
+        x if x == GgmlType::Q4_1 as u32 => BlockQ4_1::BLOCK_BYTES,
+        x if x == GgmlType::Q5_0 as u32 => BlockQ5_0::BLOCK_BYTES,
+        x if x == GgmlType::Q5_1 as u32 => BlockQ5_1::BLOCK_BYTES,
+        x if x == GgmlType::Q8_0 as u32 => BlockQ8_0::BLOCK_BYTES,
+        _ => BlockIq4Nl::BLOCK_BYTES,
+    };
+    let nb = rb / ts;
+    let panels = rows.len() / rb / PANEL_ROWS;
+    let out: &mut [LegacyPanelBlock] = blocks_of(out, panels * nb);
+    for p in 0..panels {
+        for i in 0..nb {
+            let dst = &mut out[p * nb + i];
+            for r in 0..PANEL_ROWS {
+                let at = (p * PANEL_ROWS + r) * rb + i * ts;
+                let (v, d, m) = legacy_values::<T>(&rows[at..at + ts]);
+                for (k, src) in v.chunks_exact(8).enumerate() {
+                    dst.q[k][8 * r..8 * r + 8].copy_from_slice(src);
+                }
+                dst.d[2 * r] = d;
+                dst.d[2 * r + 1] = d;
+                dst.m[r] = m;
             }
         }
     }

@@ -29,7 +29,7 @@ mod panel;
 
 /// Whether a panel tile call is well formed: 4 token rows, each holding every block of
 /// `blocks`, and room for the 32 outputs.
-fn panel_call_ok<B>(blocks: &[B], acts: &[&[super::quantize::BlockQ8K]], out: &[f32]) -> bool {
+fn panel_call_ok<B, A>(blocks: &[B], acts: &[&[A]], out: &[f32]) -> bool {
     acts.len() == 4
         && out.len() >= 4 * super::panel::PANEL_ROWS
         && acts.iter().all(|a| a.len() >= blocks.len())
@@ -58,6 +58,44 @@ pub(crate) fn q4k_panel_tile(
             panel::q4_k_panel_8x4::<false>(blocks, acts, out)
         }
     }
+    true
+}
+
+/// One panel of a legacy format × 4 tokens, checked as [`q4k_panel_tile`] (signed
+/// values; [`legacy_panel_tile_unsigned`] for Q4_1 and Q5_1). Every call keeps the
+/// one-token order: these formats' order does not depend on the tokens per call.
+pub(crate) fn legacy_panel_tile_signed(
+    lines: &[super::panel::Line],
+    acts: &[&[super::quantize::BlockQ8]],
+    out: &mut [f32],
+    _one_token: bool,
+) -> bool {
+    let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::LegacyPanelBlock>(lines) else {
+        return false;
+    };
+    if !panel_call_ok(blocks, acts, out) {
+        return false;
+    }
+    // SAFETY: as in `q4k_panel_tile`.
+    unsafe { panel::legacy_panel_8x4::<false>(blocks, acts, out) };
+    true
+}
+
+/// [`legacy_panel_tile_signed`] for the formats with unsigned values and a min.
+pub(crate) fn legacy_panel_tile_unsigned(
+    lines: &[super::panel::Line],
+    acts: &[&[super::quantize::BlockQ8]],
+    out: &mut [f32],
+    _one_token: bool,
+) -> bool {
+    let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::LegacyPanelBlock>(lines) else {
+        return false;
+    };
+    if !panel_call_ok(blocks, acts, out) {
+        return false;
+    }
+    // SAFETY: as in `q4k_panel_tile`.
+    unsafe { panel::legacy_panel_8x4::<true>(blocks, acts, out) };
     true
 }
 

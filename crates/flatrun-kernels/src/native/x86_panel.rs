@@ -1,9 +1,9 @@
-//! The AVX-512 VNNI tiles over Q4_K and Q6_K panels (`native/panel.rs`): 8 rows × 4 tokens.
+//! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 8 rows × 4 tokens.
 
 use std::arch::x86_64::*;
 
-use crate::native::panel::{PANEL_ROWS, Q4kPanelBlock, Q6kPanelBlock};
-use crate::native::quantize::BlockQ8K;
+use crate::native::panel::{LegacyPanelBlock, PANEL_ROWS, Q4kPanelBlock, Q6kPanelBlock};
+use crate::native::quantize::{BlockQ8, BlockQ8K};
 
 /// `acc + Σ` of i16 pairs `a·b`, as one `vpdpwssd` (left to itself, LLVM splits it into
 /// `vpmaddwd` + `vpaddd`, one more instruction on the two ports 512-bit code has).
@@ -200,5 +200,71 @@ pub(crate) unsafe fn q6_k_panel_8x4(
             }
         }
         store_transposed(acc, out);
+    }
+}
+
+/// One panel of a 32-value format × 4 Q8 token rows, bit for bit `legacy_n` (ggml's
+/// `vec_dot` order): per output, eight lanes of four values each, `lane = fma(d_w·d_a,
+/// Σ4 q·a, lane)` per block, then `hsum` of the lanes (the tree of `super::hsum`) plus the
+/// mins' chain (`UNSIGNED`: `mins = fma(m_w, s_a, mins)` per block). Vector v's `vpdpbusd`
+/// gives row r the lanes `2v`, `2v + 1` in its lanes `2r`, `2r + 1`, so four accumulators
+/// per token hold every output's eight lanes. Signed values as ggml's sign trick: `|q|`
+/// times the activations negated where `q < 0` (exact: activations lie in −127..=127).
+/// `out[r·4 + t]`.
+///
+/// # Safety
+/// As [`q4_k_panel_8x4`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(crate) unsafe fn legacy_panel_8x4<const UNSIGNED: bool>(
+    blocks: &[LegacyPanelBlock],
+    acts: &[&[BlockQ8]],
+    out: &mut [f32],
+) {
+    // SAFETY: every pointer read below lies in `blocks` or in the first `blocks.len()`
+    // blocks of each of the 4 activation rows (the caller's promise).
+    unsafe {
+        let mut lanes = [[_mm512_setzero_ps(); 4]; 4];
+        let mut mins = [_mm256_setzero_ps(); 4];
+        for (i, blk) in blocks.iter().enumerate() {
+            let a: [&BlockQ8; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+            let d = _mm512_loadu_ps(blk.d.as_ptr());
+            let dd: [__m512; 4] = std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(a[t].d)));
+            for v in 0..4 {
+                let q = _mm512_loadu_si512(blk.q[v].as_ptr() as *const __m512i);
+                let (aq, neg) = if UNSIGNED {
+                    (q, 0)
+                } else {
+                    (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+                };
+                for t in 0..4 {
+                    let p = a[t].qs.as_ptr().add(8 * v);
+                    let av = _mm512_set1_epi64((p as *const i64).read_unaligned());
+                    let sv = if UNSIGNED {
+                        av
+                    } else {
+                        _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av)
+                    };
+                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, sv);
+                    lanes[t][v] = _mm512_fmadd_ps(dd[t], _mm512_cvtepi32_ps(sum), lanes[t][v]);
+                }
+            }
+            if UNSIGNED {
+                let m = _mm256_loadu_ps(blk.m.as_ptr());
+                for t in 0..4 {
+                    mins[t] = _mm256_fmadd_ps(m, _mm256_set1_ps(a[t].s), mins[t]);
+                }
+            }
+        }
+        let res: [__m256; 4] = std::array::from_fn(|t| {
+            let l = &lanes[t];
+            // Lanes 2r, 2r + 1 of `c`: (l0+l4)+(l2+l6) and (l1+l5)+(l3+l7) of row r.
+            let c = _mm512_add_ps(_mm512_add_ps(l[0], l[2]), _mm512_add_ps(l[1], l[3]));
+            let idx_even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 0, 0, 0, 0, 0, 0, 0);
+            let idx_odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 0, 0, 0, 0, 0, 0, 0, 0);
+            let even = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx_even, c));
+            let odd = _mm512_castps512_ps256(_mm512_permutexvar_ps(idx_odd, c));
+            _mm256_add_ps(_mm256_add_ps(even, odd), mins[t])
+        });
+        store_transposed(res, out);
     }
 }
