@@ -10,9 +10,17 @@ share the machine's noise. Each tool warms up once before its timed run
 per model and length (median [min–max] of the rounds' ratios) and writes every
 sample to `benches/race/results/prefill-latest.json`.
 
+With `--cap`, both run inside a fresh memory cgroup of `--cap-fraction` (0.5)
+of the model file, the file's page cache dropped first, cold (no warm-up):
+llama.cpp reading its weights through mmap (`-lm mmap --repack 0`, the pages it
+cannot keep are re-read), Flatrun with `--residency cap=SIZE`, SIZE = the limit
+less its peak anonymous memory in a stream-mode run of the same prompt, less
+`--headroom-mib`. Both get a context of the prompt plus 16 tokens.
+
 Example:
     LLAMA_CPP_BIN=~/llama.cpp/build/bin benches/race/prefill.py \\
         --models ~/.cache/flatrun/models --lengths 128 512 2048 --rounds 3
+    LLAMA_CPP_BIN=... benches/race/prefill.py --cap --lengths 2048 --rounds 3
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ def main() -> int:
     ap.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 2048], help="prompt lengths")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--cap", action="store_true", help="run both inside a memory cgroup (see above)")
+    ap.add_argument("--cap-fraction", type=float, default=0.5, help="cgroup limit as a fraction of the file")
+    ap.add_argument("--headroom-mib", type=int, default=8, help="Flatrun's cap is this much under the limit")
     ap.add_argument("--out", default=str(race.REPO / "benches/race/results"), help="directory for the JSON")
     args = ap.parse_args()
     if not args.llama_bin:
@@ -50,16 +61,44 @@ def main() -> int:
     samples: dict[str, dict[int, dict[str, list[float]]]] = {
         m.name: {p: {"flatrun": [], "llama": []} for p in args.lengths} for m in models
     }
+    caps: dict[str, dict[int, str]] = {}
+    if args.cap:
+        for model in models:
+            for p in args.lengths:
+                # Flatrun's own anonymous memory at this prompt (KV, activations, buffers).
+                _, res = race.flatrun_bench(args, model, p, 0, "stream", extra=["--ctx", str(p + 16)])
+                limit = int(model.stat().st_size * args.cap_fraction)
+                keep = limit - res.peak_anon - args.headroom_mib * race.MIB
+                caps.setdefault(model.name, {})[p] = f"cap={keep // race.MIB}M" if keep > 0 else "stream"
+                race.log(f"{model.name} pp{p}: limit {limit / race.MIB:.0f} MiB, Flatrun anonymous peak "
+                         f"{res.peak_anon / race.MIB:.0f} MiB -> {caps[model.name][p]}")
+
+    def one(who: str, model: Path, p: int, rnd: int) -> float:
+        if not args.cap:
+            if who == "flatrun":
+                out, _ = race.flatrun_bench(args, model, p, 0, "resident")
+            else:
+                out, _ = race.llama_bench(args, model, p, 0, [])
+            return out[f"pp{p}"]["tok_s"]
+        race.drop_page_cache(model)
+        cg = race.Cgroup(int(model.stat().st_size * args.cap_fraction), f"flatrun-prefill-{os.getpid()}-{who}-{rnd}")
+        try:
+            if who == "flatrun":
+                out, _ = race.flatrun_bench(args, model, p, 0, caps[model.name][p], cg,
+                                            extra=["--no-warmup", "--ctx", str(p + 16)])
+            else:
+                out, _ = race.llama_bench(args, model, p, 0,
+                                          ["-lm", "mmap", "--repack", "0", "--no-warmup"], cg)
+        finally:
+            cg.remove()
+        return out[f"pp{p}"]["tok_s"]
+
     for rnd in range(args.rounds):
         for model in models:
             for p in args.lengths:
                 flatrun_first = (rnd % 2) == 0
                 for who in (["flatrun", "llama"] if flatrun_first else ["llama", "flatrun"]):
-                    if who == "flatrun":
-                        out, _ = race.flatrun_bench(args, model, p, 0, "resident")
-                    else:
-                        out, _ = race.llama_bench(args, model, p, 0, [])
-                    tps = out[f"pp{p}"]["tok_s"]
+                    tps = one(who, model, p, rnd)
                     samples[model.name][p][who].append(tps)
                     race.log(f"round {rnd + 1}: {model.name} pp{p} {who} {tps:.1f} t/s")
 
@@ -81,9 +120,11 @@ def main() -> int:
         "threads": args.threads,
         "rounds": args.rounds,
         "command": " ".join(sys.argv),
+        "capped": args.cap,
+        "flatrun_residency": caps,
         "samples": samples,
     }
-    path = out_dir / "prefill-latest.json"
+    path = out_dir / ("prefill-capped-latest.json" if args.cap else "prefill-latest.json")
     path.write_text(json.dumps(doc, indent=1))
     race.log(f"wrote {path}")
     return 0

@@ -547,6 +547,237 @@ mod fused_f16 {
         }
     }
 
+    /// Whether the host has AVX-512 F: the tiles below then run on 512-bit registers over
+    /// keys and values converted to f32 once per key tile (shared by the tile's query
+    /// vectors), with the same additions in every lane.
+    #[inline]
+    pub(super) fn wide() -> bool {
+        use crate::SimdLevel::{Avx512, Avx512Vnni};
+        matches!(crate::simd_level(), Avx512 | Avx512Vnni)
+    }
+
+    /// The key rows at `offs` as f32 for [`tile_dots_lanes8_f32`], whole quads only: quad q
+    /// takes `4·hd` values from `q·4·hd`, per 8 values i of the head 32 values: keys
+    /// 4q and 4q + 1 (values i..i+8 each), then keys 4q + 2 and 4q + 3.
+    ///
+    /// # Safety
+    /// AVX-512 F, F16C; `hd` a multiple of 8; every `offs[b] + hd ≤ k.len()`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn key_quads_f32(k: &[f16], offs: &[usize], hd: usize, out: &mut Vec<f32>) {
+        let quads = offs.len() / 4;
+        out.clear();
+        out.resize(quads * 4 * hd, 0.0);
+        // SAFETY: the caller upholds this function's safety contract; every store lies in
+        // `out`, sized just above.
+        unsafe {
+            let (kp, op) = (k.as_ptr(), out.as_mut_ptr());
+            for q in 0..quads {
+                for i in (0..hd).step_by(8) {
+                    for pair in 0..2 {
+                        let r0 = kp.add(offs[4 * q + 2 * pair] + i) as *const __m128i;
+                        let r1 = kp.add(offs[4 * q + 2 * pair + 1] + i) as *const __m128i;
+                        let h = _mm256_inserti128_si256::<1>(
+                            _mm256_castsi128_si256(_mm_loadu_si128(r0)),
+                            _mm_loadu_si128(r1),
+                        );
+                        _mm512_storeu_ps(
+                            op.add(q * 4 * hd + 4 * i + 16 * pair),
+                            _mm512_cvtph_ps(h),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`tile_dots_lanes8`] over keys converted by [`key_quads_f32`] (`kq`): each 512-bit
+    /// accumulator holds two keys' eight lanes, so one FMA does two keys' steps, with no
+    /// conversion in the loop; each lane's FMAs and the reduction are `dot_lanes8`'s (the
+    /// same bits). Keys past the last whole quad and an odd last query vector go through
+    /// `dot_lanes8` on the f16 rows, as in `tile_dots_lanes8`.
+    ///
+    /// # Safety
+    /// As [`tile_dots_lanes8`], with AVX-512 F, and `kq` from `key_quads_f32(k, offs, hd, _)`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn tile_dots_lanes8_f32(
+        kq: &[f32],
+        k: &[f16],
+        offs: &[usize],
+        q: &[f32],
+        qoffs: &[usize],
+        hd: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract: every converted quad
+        // spans `4·hd` values of `kq`, every row and query read spans `hd` values from a
+        // listed offset, and every write is inside `out`.
+        unsafe {
+            let (kp, qp, cp) = (k.as_ptr(), q.as_ptr(), kq.as_ptr());
+            let nk = offs.len();
+            let pairs = qoffs.len() / 2 * 2;
+            let quads = nk / 4;
+            // Eight query values in both halves of a 512-bit register (a load, no shuffle).
+            let both = |p: *const f32| {
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64)))
+            };
+            for a in (0..pairs).step_by(2) {
+                let (q0, q1) = (qp.add(qoffs[a]), qp.add(qoffs[a + 1]));
+                for quad in 0..quads {
+                    let base = cp.add(quad * 4 * hd);
+                    // [q0 × keys 0, 1 | q0 × keys 2, 3 | q1 × keys 0, 1 | q1 × keys 2, 3].
+                    let mut acc = [_mm512_setzero_ps(); 4];
+                    for i in (0..hd).step_by(8) {
+                        let (x0, x1) = (both(q0.add(i)), both(q1.add(i)));
+                        let k01 = _mm512_loadu_ps(base.add(4 * i));
+                        let k23 = _mm512_loadu_ps(base.add(4 * i + 16));
+                        acc[0] = _mm512_fmadd_ps(k01, x0, acc[0]);
+                        acc[1] = _mm512_fmadd_ps(k23, x0, acc[1]);
+                        acc[2] = _mm512_fmadd_ps(k01, x1, acc[2]);
+                        acc[3] = _mm512_fmadd_ps(k23, x1, acc[3]);
+                    }
+                    let lo = |v: __m512| _mm512_castps512_ps256(v);
+                    let hi = |v: __m512| {
+                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+                    };
+                    let sums = reduce8x8([
+                        lo(acc[0]),
+                        hi(acc[0]),
+                        lo(acc[1]),
+                        hi(acc[1]),
+                        lo(acc[2]),
+                        hi(acc[2]),
+                        lo(acc[3]),
+                        hi(acc[3]),
+                    ]);
+                    let b = 4 * quad;
+                    for c in 0..4 {
+                        *out.get_unchecked_mut(a * nk + b + c) = sums[c];
+                        *out.get_unchecked_mut((a + 1) * nk + b + c) = sums[4 + c];
+                    }
+                }
+                for (b, &o) in offs.iter().enumerate().skip(4 * quads) {
+                    let row = std::slice::from_raw_parts(kp.add(o), hd);
+                    for (a, qv) in [(a, q0), (a + 1, q1)] {
+                        let qv = std::slice::from_raw_parts(qv, hd);
+                        *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+                    }
+                }
+            }
+            for (a, &qo) in qoffs.iter().enumerate().skip(pairs) {
+                let qv = std::slice::from_raw_parts(qp.add(qo), hd);
+                for (b, &o) in offs.iter().enumerate() {
+                    let row = std::slice::from_raw_parts(kp.add(o), hd);
+                    *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+                }
+            }
+        }
+    }
+
+    /// Value rows of slots `first .. first + count` (head offset `base`) as f32, `hd` each,
+    /// for [`weigh_values_f32`].
+    ///
+    /// # Safety
+    /// AVX-512 F, F16C; `hd` a multiple of 16; every `(first + r) · stride + base + hd ≤ v.len()`.
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn value_rows_f32(
+        v: &[f16],
+        stride: usize,
+        base: usize,
+        first: usize,
+        count: usize,
+        hd: usize,
+        out: &mut Vec<f32>,
+    ) {
+        out.clear();
+        out.resize(count * hd, 0.0);
+        // SAFETY: the caller upholds this function's safety contract; stores lie in `out`.
+        unsafe {
+            let (vp, op) = (v.as_ptr(), out.as_mut_ptr());
+            for r in 0..count {
+                let row = vp.add((first + r) * stride + base);
+                for d in (0..hd).step_by(16) {
+                    let h = _mm256_loadu_si256(row.add(d) as *const __m256i);
+                    _mm512_storeu_ps(op.add(r * hd + d), _mm512_cvtph_ps(h));
+                }
+            }
+        }
+    }
+
+    /// [`weigh_values_f16`] over value rows converted by [`value_rows_f32`] (`vf`, row
+    /// `j − first` for slot j): the same weights (rounded to f16 and back) and, in every
+    /// lane, the same FMAs in slot order, sixteen values of a row per instruction.
+    ///
+    /// # Safety
+    /// AVX-512 F, FMA, F16C; `hd` a multiple of 16; `acc.len() ≥ lanes · hd`; every slot
+    /// in `first .. first + vf.len() / hd`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    pub(super) unsafe fn weigh_values_f32(
+        vf: &[f32],
+        first: usize,
+        hd: usize,
+        lanes: usize,
+        slots: &[usize],
+        scores: &[f32],
+        inv: f32,
+        acc: &mut [f32],
+    ) {
+        // SAFETY: the caller upholds this function's safety contract; `w` and `p` hold 64
+        // f32 for each vector access.
+        unsafe {
+            let (vp, ap) = (vf.as_ptr(), acc.as_mut_ptr());
+            let n = slots.len().min(scores.len());
+            let invv = _mm256_set1_ps(inv);
+            let mut w = [0f32; 64];
+            for start in (0..n).step_by(64) {
+                let block = &slots[start..(start + 64).min(n)];
+                let m = block.len();
+                let mut p = [0f32; 64];
+                p[..m].copy_from_slice(&scores[start..start + m]);
+                for c in (0..m).step_by(8) {
+                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+                        _mm256_loadu_ps(p.as_ptr().add(c)),
+                        invv,
+                    ));
+                    _mm256_storeu_ps(w.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                }
+                let grouped = lanes == 8
+                    && m.is_multiple_of(8)
+                    && block
+                        .chunks_exact(8)
+                        .all(|g| g[0] % 8 == 0 && g[7] == g[0] + 7);
+                if grouped {
+                    for d in (0..hd).step_by(16) {
+                        let mut sums: [__m512; 8] =
+                            std::array::from_fn(|t| _mm512_loadu_ps(ap.add(t * hd + d)));
+                        for (g, ws) in block.chunks_exact(8).zip(w.chunks_exact(8)) {
+                            for t in 0..8 {
+                                let x = _mm512_loadu_ps(vp.add((g[t] - first) * hd + d));
+                                sums[t] = _mm512_fmadd_ps(_mm512_set1_ps(ws[t]), x, sums[t]);
+                            }
+                        }
+                        for (t, v) in sums.iter().enumerate() {
+                            _mm512_storeu_ps(ap.add(t * hd + d), *v);
+                        }
+                    }
+                    continue;
+                }
+                for (&j, &wt) in block.iter().zip(&w) {
+                    let wv = _mm512_set1_ps(wt);
+                    let row = vp.add((j - first) * hd);
+                    let lane = ap.add((j % lanes) * hd);
+                    for d in (0..hd).step_by(16) {
+                        let a = _mm512_loadu_ps(lane.add(d));
+                        _mm512_storeu_ps(
+                            lane.add(d),
+                            _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(d)), a),
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     /// [`tile_dots_lanes8`] in [`dot_lanes32`]'s order (one query's heads over
     /// a decode step's keys): two query vectors at a time, each key's
     /// converted values used for both.
@@ -1298,6 +1529,9 @@ struct TileScratch {
     query_offs: Vec<usize>,
     /// `queries.len() × lanes × head_dim` partial sums of the values.
     acc: Vec<f32>,
+    /// A key tile's rows, and a value tile's, as f32 (the 512-bit tiles).
+    keys_f32: Vec<f32>,
+    values_f32: Vec<f32>,
     /// Per query: how many of its slots the value pass has taken.
     cursor: Vec<usize>,
     row: Vec<f32>,
@@ -1336,6 +1570,8 @@ impl Tiles<'_> {
                 key_offs,
                 query_offs,
                 acc,
+                keys_f32,
+                values_f32,
                 cursor,
                 row,
             } = &mut *guard;
@@ -1394,6 +1630,12 @@ impl Tiles<'_> {
                     // holds a score for each pair.
                     unsafe {
                         match self.order {
+                            SumOrder::Batch if fused_f16::wide() => {
+                                fused_f16::key_quads_f32(ks, key_offs, hd, keys_f32);
+                                fused_f16::tile_dots_lanes8_f32(
+                                    keys_f32, ks, key_offs, self.q, query_offs, hd, dots,
+                                )
+                            }
                             SumOrder::Batch => fused_f16::tile_dots_lanes8(
                                 ks, key_offs, self.q, query_offs, hd, dots,
                             ),
@@ -1458,6 +1700,33 @@ impl Tiles<'_> {
             cursor.resize(queries.len(), 0);
             for tile in self.written.chunks(TILE_KEYS) {
                 let end = tile[tile.len() - 1];
+                // Consecutive slots on an AVX-512 host: the tile's value rows converted once
+                // for every query vector.
+                #[cfg(target_arch = "x86_64")]
+                let wide_values = match self.v {
+                    KvSlice::F16(vs)
+                        if self.fused
+                            && fused_f16::wide()
+                            && hd.is_multiple_of(16)
+                            && end - tile[0] + 1 == tile.len() =>
+                    {
+                        // SAFETY: `wide` saw AVX-512 F (and `fused` F16C); the slots
+                        // `tile[0] ..= end` are written, so their rows lie inside the cache.
+                        unsafe {
+                            fused_f16::value_rows_f32(
+                                vs,
+                                self.kv_stride,
+                                g * hd,
+                                tile[0],
+                                tile.len(),
+                                hd,
+                                values_f32,
+                            )
+                        };
+                        true
+                    }
+                    _ => false,
+                };
                 for ((tq, at), lanes_acc) in queries
                     .iter()
                     .zip(cursor.iter_mut())
@@ -1466,6 +1735,24 @@ impl Tiles<'_> {
                     let start = *at;
                     while *at < tq.slots.len() && tq.slots[*at] <= end {
                         *at += 1;
+                    }
+                    #[cfg(target_arch = "x86_64")]
+                    if wide_values {
+                        // SAFETY: as for `value_rows_f32` above; `lanes_acc` holds
+                        // `lanes × hd` sums and every slot taken lies in the tile.
+                        unsafe {
+                            fused_f16::weigh_values_f32(
+                                values_f32,
+                                tile[0],
+                                hd,
+                                lanes,
+                                &tq.slots[start..*at],
+                                &tq.scores[start..*at],
+                                tq.inv,
+                                lanes_acc,
+                            )
+                        };
+                        continue;
                     }
                     #[cfg(target_arch = "x86_64")]
                     if let (true, KvSlice::F16(vs)) = (self.fused, self.v) {
