@@ -95,14 +95,15 @@ pub(crate) struct Q4kPanelBlock {
     /// Vector `2c + h`: row r's scale of sub-block `2c + h` as i16 in lanes `4r .. 4r + 4`
     /// (the four i16 products `vpmaddubsw` makes of row r's 8 bytes).
     pub(crate) scales: [[i16; 32]; 8],
-    /// Vector c: row r's mins of sub-blocks `2c`, `2c + 1` as i16 in lanes `2r`, `2r + 1`.
-    pub(crate) mins: [[i16; 16]; 4],
+    /// Vector j: row r's min of sub-block j as i16 in lanes `2r` and `2r + 1` (against a
+    /// token's two 16-value sums of that sub-block, one `vpmaddwd`).
+    pub(crate) mins: [[i16; 16]; 8],
     /// Row r's super-block scale of the scales, and of the mins.
     pub(crate) d: [f32; 8],
     pub(crate) dmin: [f32; 8],
 }
 
-const _: () = assert!(std::mem::size_of::<Q4kPanelBlock>() == 1728);
+const _: () = assert!(std::mem::size_of::<Q4kPanelBlock>() == 1856);
 
 /// One Q6_K super-block of 8 rows.
 #[repr(C, align(64))]
@@ -151,7 +152,7 @@ pub(crate) fn repack_q4k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                 for j in 0..8 {
                     let (s, m) = scale_min_k4(j, &sc);
                     dst.scales[j][4 * r..4 * r + 4].fill(i16::from(s));
-                    dst.mins[j / 2][2 * r + j % 2] = i16::from(m);
+                    dst.mins[j][2 * r..2 * r + 2].fill(i16::from(m));
                 }
                 let qs = &b[BlockQ4K::QS_OFFSET..BlockQ4K::QS_OFFSET + 128];
                 for (v, src) in qs.chunks_exact(8).enumerate() {

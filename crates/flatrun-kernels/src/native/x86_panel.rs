@@ -24,11 +24,51 @@ fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
+/// [`dpwssd`] on 256-bit registers.
+#[inline]
+#[target_feature(enable = "avx512vl,avx512vnni")]
+fn dpwssd256(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+    let mut acc = acc;
+    // SAFETY: register-only, and this function's features include VNNI on 256 bits.
+    unsafe {
+        std::arch::asm!(
+            "vpdpwssd {acc}, {a}, {b}",
+            acc = inout(ymm_reg) acc,
+            a = in(ymm_reg) a,
+            b = in(ymm_reg) b,
+            options(pure, nomem, nostack, preserves_flags)
+        );
+    }
+    acc
+}
+
 /// The 8 i32 sums of each row's two lanes (row r owns lanes `2r`, `2r + 1`), exact.
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
 fn row_sums(v: __m512i) -> __m256i {
     _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64::<32>(v)))
+}
+
+/// [`row_sums`] of two registers at once: `[a's 8 row sums | b's 8 row sums]`, exact.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn pair_row_sums(a: __m512i, b: __m512i) -> __m512i {
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    _mm512_add_epi32(
+        _mm512_permutex2var_epi32(a, even, b),
+        _mm512_permutex2var_epi32(a, odd, b),
+    )
+}
+
+/// The two 256-bit halves of `v`.
+#[inline]
+#[target_feature(enable = "avx2,avx512f")]
+fn halves(v: __m512) -> (__m256, __m256) {
+    (
+        _mm512_castps512_ps256(v),
+        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
+    )
 }
 
 /// One panel (8 rows, `blocks` = its `nb` super-blocks) × 4 Q8_K token rows, bit for bit
@@ -62,6 +102,8 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
             let dm: [__m256; 4] =
                 std::array::from_fn(|t| _mm256_mul_ps(dmin, _mm256_set1_ps(a[t].d)));
             let mut whole = [_mm512_setzero_si512(); 4];
+            // The previous chunk's sums, reduced together with the next chunk's.
+            let mut held = [_mm512_setzero_si512(); 4];
             for c in 0..4 {
                 let s_lo = _mm512_loadu_si512(blk.scales[2 * c].as_ptr() as *const __m512i);
                 let s_hi = _mm512_loadu_si512(blk.scales[2 * c + 1].as_ptr() as *const __m512i);
@@ -84,10 +126,16 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
                 }
                 if ONE_TOKEN {
                     whole = sum;
+                } else if c % 2 == 0 {
+                    held = sum;
                 } else {
+                    // Chunks c − 1 and c: both row sums in one register, then their FMAs
+                    // in chunk order.
                     for t in 0..4 {
-                        acc[t] =
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(sum[t])), dd[t], acc[t]);
+                        let both = _mm512_cvtepi32_ps(pair_row_sums(held[t], sum[t]));
+                        let (first, second) = halves(both);
+                        acc[t] = _mm256_fmadd_ps(first, dd[t], acc[t]);
+                        acc[t] = _mm256_fmadd_ps(second, dd[t], acc[t]);
                     }
                 }
             }
@@ -96,23 +144,18 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
                     acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(whole[t])), dd[t], acc[t]);
                 }
             }
-            // The mins against each token's sums of 32 values (pairs of its 16-value sums):
-            // per chunk c, row r's `min[2c]·P[2c] + min[2c+1]·P[2c+1]`.
-            let mins: [__m256i; 4] =
-                std::array::from_fn(|c| _mm256_loadu_si256(blk.mins[c].as_ptr() as *const __m256i));
+            // The mins against each token's 16-value sums: per chunk c, row r's
+            // `min[2c]·(b[4c] + b[4c+1]) + min[2c+1]·(b[4c+2] + b[4c+3])`, each pair of sums
+            // broadcast from memory.
+            let mins: [__m256i; 8] =
+                std::array::from_fn(|j| _mm256_loadu_si256(blk.mins[j].as_ptr() as *const __m256i));
             for t in 0..4 {
-                let bs = _mm256_loadu_si256(a[t].bsums.as_ptr() as *const __m256i);
-                let pairs = _mm_hadd_epi16(
-                    _mm256_castsi256_si128(bs),
-                    _mm256_extracti128_si256::<1>(bs),
-                );
-                let pairs = _mm256_set_m128i(pairs, pairs);
-                let m: [__m256i; 4] = [
-                    _mm256_madd_epi16(mins[0], _mm256_shuffle_epi32::<0x00>(pairs)),
-                    _mm256_madd_epi16(mins[1], _mm256_shuffle_epi32::<0x55>(pairs)),
-                    _mm256_madd_epi16(mins[2], _mm256_shuffle_epi32::<0xAA>(pairs)),
-                    _mm256_madd_epi16(mins[3], _mm256_shuffle_epi32::<0xFF>(pairs)),
-                ];
+                let bs = a[t].bsums.as_ptr() as *const i32;
+                let m: [__m256i; 4] = std::array::from_fn(|c| {
+                    let lo = _mm256_set1_epi32(bs.add(2 * c).read_unaligned());
+                    let hi = _mm256_set1_epi32(bs.add(2 * c + 1).read_unaligned());
+                    dpwssd256(_mm256_madd_epi16(mins[2 * c], lo), mins[2 * c + 1], hi)
+                });
                 if ONE_TOKEN {
                     let all = _mm256_add_epi32(
                         _mm256_add_epi32(m[0], m[1]),
