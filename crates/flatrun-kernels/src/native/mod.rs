@@ -470,7 +470,10 @@ impl RowSplit {
                 // The raw kernel from `s0` on (the rows no panel holds, or every row).
                 let mut s0 = g0;
                 if nt == TOKEN_TILE {
-                    for (p, lines) in packed.chunks_exact(panel_lines).enumerate() {
+                    for (p, lines) in packed[..(p1 - g0) / panel::PANEL_ROWS * panel_lines]
+                        .chunks_exact(panel_lines)
+                        .enumerate()
+                    {
                         let o = &mut tile_out[..TOKEN_TILE * panel::PANEL_ROWS];
                         let r = g0 + p * panel::PANEL_ROWS;
                         if !(format.tile)(lines, &tokens, o, one_token) {

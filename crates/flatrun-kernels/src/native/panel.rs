@@ -125,11 +125,13 @@ pub(crate) struct Q6kPanelBlock {
 const _: () = assert!(std::mem::size_of::<Q6kPanelBlock>() == 3392);
 
 /// `out` resized to `n` zeroed lines, seen as `n / lines_per_block` blocks of `B`.
+/// The repacking writes every field a tile reads, so the buffer only grows (no clearing).
 fn blocks_of<B: Pod>(out: &mut Vec<Line>, n_blocks: usize) -> &mut [B] {
-    let per = std::mem::size_of::<B>() / 64;
-    out.clear();
-    out.resize(n_blocks * per, Line::zeroed());
-    bytemuck::cast_slice_mut(&mut out[..])
+    let n = n_blocks * (std::mem::size_of::<B>() / 64);
+    if out.len() < n {
+        out.resize(n, Line::zeroed());
+    }
+    bytemuck::cast_slice_mut(&mut out[..n])
 }
 
 /// Repack `rows` (whole Q4_K rows of `rb` bytes, a multiple of [`PANEL_ROWS`] of them) into
@@ -254,6 +256,90 @@ pub(crate) fn legacy_panel_format(
     })
 }
 
+/// The scale and min (0 for the formats without one) of a legacy block.
+fn legacy_scale_min<const T: u32>(b: &[u8]) -> (f32, f32) {
+    let f16_at = |o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
+    if T == GgmlType::Q4_1 as u32 || T == GgmlType::Q5_1 as u32 {
+        (f16_at(0), f16_at(2))
+    } else {
+        (f16_at(0), 0.0)
+    }
+}
+
+/// [`legacy_values`]' bytes with AVX2: the nibbles, fifth bits and codebook resolved as
+/// the x86 row kernels do (`legacy_block` in `x86_legacy.rs`).
+#[cfg(target_arch = "x86_64")]
+mod fast {
+    use std::arch::x86_64::*;
+
+    use flatrun_dequant::iq_grids::KVALUES_IQ4NL;
+    use flatrun_dequant::{BlockIq4Nl, BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0};
+    use flatrun_format::GgmlType;
+
+    /// # Safety
+    /// AVX2; `b` points at one whole block of format `T`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn legacy_values<const T: u32>(b: *const u8) -> [u8; 32] {
+        // SAFETY: every read lies inside the block (the caller's promise); the store is to
+        // a local array of 32 bytes.
+        unsafe {
+            let nibbles = |p: *const u8| {
+                let t = _mm_loadu_si128(p as *const __m128i);
+                _mm256_and_si256(
+                    _mm256_set_m128i(_mm_srli_epi16::<4>(t), t),
+                    _mm256_set1_epi8(0x0F),
+                )
+            };
+            // Bit j of the 32 bits at `p` as byte j: 0xFF where set.
+            let bits = |p: *const u8| {
+                let x = (p as *const i32).read_unaligned();
+                let shuf = _mm256_set_epi64x(
+                    0x0303030303030303,
+                    0x0202020202020202,
+                    0x0101010101010101,
+                    0,
+                );
+                let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x), shuf);
+                let bit = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);
+                _mm256_cmpeq_epi8(_mm256_or_si256(bytes, bit), _mm256_set1_epi64x(-1))
+            };
+            const Q4_0: u32 = GgmlType::Q4_0 as u32;
+            const Q4_1: u32 = GgmlType::Q4_1 as u32;
+            const Q5_0: u32 = GgmlType::Q5_0 as u32;
+            const Q5_1: u32 = GgmlType::Q5_1 as u32;
+            const Q8_0: u32 = GgmlType::Q8_0 as u32;
+            let v = match T {
+                Q4_0 => _mm256_sub_epi8(nibbles(b.add(BlockQ4_0::QS_OFFSET)), _mm256_set1_epi8(8)),
+                Q4_1 => nibbles(b.add(BlockQ4_1::QS_OFFSET)),
+                Q5_0 => {
+                    // A missing fifth bit: value − 16, the high nibble 0xF0 in two's complement.
+                    let hi = _mm256_andnot_si256(
+                        bits(b.add(BlockQ5_0::QH_OFFSET)),
+                        _mm256_set1_epi8(0xF0u8 as i8),
+                    );
+                    _mm256_or_si256(nibbles(b.add(BlockQ5_0::QS_OFFSET)), hi)
+                }
+                Q5_1 => {
+                    let hi =
+                        _mm256_and_si256(bits(b.add(BlockQ5_1::QH_OFFSET)), _mm256_set1_epi8(0x10));
+                    _mm256_or_si256(nibbles(b.add(BlockQ5_1::QS_OFFSET)), hi)
+                }
+                Q8_0 => _mm256_loadu_si256(b.add(BlockQ8_0::QS_OFFSET) as *const __m256i),
+                _ => {
+                    let t = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr() as *const __m128i);
+                    _mm256_shuffle_epi8(
+                        _mm256_set_m128i(t, t),
+                        nibbles(b.add(BlockIq4Nl::QS_OFFSET)),
+                    )
+                }
+            };
+            let mut out = [0u8; 32];
+            _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, v);
+            out
+        }
+    }
+}
+
 /// The 32 values of one block of legacy format `T` (bytes `b`), with its scale and min:
 /// ggml's dequantization before the scale (values `i8`, or `u8` with a min).
 fn legacy_values<const T: u32>(b: &[u8]) -> ([u8; 32], f32, f32) {
@@ -324,12 +410,25 @@ fn repack_legacy<const T: u32>(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
     let nb = rb / ts;
     let panels = rows.len() / rb / PANEL_ROWS;
     let out: &mut [LegacyPanelBlock] = blocks_of(out, panels * nb);
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
     for p in 0..panels {
         for i in 0..nb {
             let dst = &mut out[p * nb + i];
             for r in 0..PANEL_ROWS {
                 let at = (p * PANEL_ROWS + r) * rb + i * ts;
-                let (v, d, m) = legacy_values::<T>(&rows[at..at + ts]);
+                let blk = &rows[at..at + ts];
+                #[cfg(target_arch = "x86_64")]
+                let (v, d, m) = if avx2 {
+                    // SAFETY: AVX2 was detected above, and `blk` is one whole block.
+                    let v = unsafe { fast::legacy_values::<T>(blk.as_ptr()) };
+                    let (d, m) = legacy_scale_min::<T>(blk);
+                    (v, d, m)
+                } else {
+                    legacy_values::<T>(blk)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let (v, d, m) = legacy_values::<T>(blk);
                 for (k, src) in v.chunks_exact(8).enumerate() {
                     dst.q[k][8 * r..8 * r + 8].copy_from_slice(src);
                 }

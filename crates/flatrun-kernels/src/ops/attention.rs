@@ -547,6 +547,11 @@ mod fused_f16 {
         }
     }
 
+    /// The widest head the f32 tiles below take: a key or value tile of 64 slots is then at
+    /// most 32 KiB of f32 and stays in L1 while the task's query vectors go over it.
+    /// (Gemma 3's 256-wide heads measured 4% slower through them at 2,048 tokens.)
+    pub(super) const WIDE_MAX_HEAD_DIM: usize = 128;
+
     /// Whether the host has AVX-512 F: the tiles below then run on 512-bit registers over
     /// keys and values converted to f32 once per key tile (shared by the tile's query
     /// vectors), with the same additions in every lane.
@@ -704,42 +709,47 @@ mod fused_f16 {
     }
 
     /// [`weigh_values_f16`] over value rows converted by [`value_rows_f32`] (`vf`, row
-    /// `j − first` for slot j): the same weights (rounded to f16 and back) and, in every
-    /// lane, the same FMAs in slot order, sixteen values of a row per instruction.
+    /// `j − first` for slot j), for `N` (1 or 2) query vectors over the same slots, each
+    /// with its scores, `inv` and sums: per query the same weights (rounded to f16 and
+    /// back) and, in every lane, the same FMAs in slot order, sixteen values of a row per
+    /// instruction and each row load serving the `N` queries.
     ///
     /// # Safety
-    /// AVX-512 F, FMA, F16C; `hd` a multiple of 16; `acc.len() ≥ lanes · hd`; every slot
-    /// in `first .. first + vf.len() / hd`.
+    /// AVX-512 F, FMA, F16C; `hd` a multiple of 16; every `acc[i].len() ≥ lanes · hd` and
+    /// `scores[i].len() ≥ slots.len()`; every slot in `first .. first + vf.len() / hd`.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-    pub(super) unsafe fn weigh_values_f32(
+    pub(super) unsafe fn weigh_values_f32<const N: usize>(
         vf: &[f32],
         first: usize,
         hd: usize,
         lanes: usize,
         slots: &[usize],
-        scores: &[f32],
-        inv: f32,
-        acc: &mut [f32],
+        scores: [&[f32]; N],
+        inv: [f32; N],
+        acc: [&mut [f32]; N],
     ) {
         // SAFETY: the caller upholds this function's safety contract; `w` and `p` hold 64
         // f32 for each vector access.
         unsafe {
-            let (vp, ap) = (vf.as_ptr(), acc.as_mut_ptr());
-            let n = slots.len().min(scores.len());
-            let invv = _mm256_set1_ps(inv);
-            let mut w = [0f32; 64];
+            let vp = vf.as_ptr();
+            let ap: [*mut f32; N] = std::array::from_fn(|i| acc[i].as_ptr() as *mut f32);
+            let n = slots.len();
+            let mut w = [[0f32; 64]; N];
             for start in (0..n).step_by(64) {
                 let block = &slots[start..(start + 64).min(n)];
                 let m = block.len();
-                let mut p = [0f32; 64];
-                p[..m].copy_from_slice(&scores[start..start + m]);
-                for c in (0..m).step_by(8) {
-                    let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
-                        _mm256_loadu_ps(p.as_ptr().add(c)),
-                        invv,
-                    ));
-                    _mm256_storeu_ps(w.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                for i in 0..N {
+                    let mut p = [0f32; 64];
+                    p[..m].copy_from_slice(&scores[i][start..start + m]);
+                    let invv = _mm256_set1_ps(inv[i]);
+                    for c in (0..m).step_by(8) {
+                        let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_mul_ps(
+                            _mm256_loadu_ps(p.as_ptr().add(c)),
+                            invv,
+                        ));
+                        _mm256_storeu_ps(w[i].as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                    }
                 }
                 let grouped = lanes == 8
                     && m.is_multiple_of(8)
@@ -748,30 +758,35 @@ mod fused_f16 {
                         .all(|g| g[0] % 8 == 0 && g[7] == g[0] + 7);
                 if grouped {
                     for d in (0..hd).step_by(16) {
-                        let mut sums: [__m512; 8] =
-                            std::array::from_fn(|t| _mm512_loadu_ps(ap.add(t * hd + d)));
-                        for (g, ws) in block.chunks_exact(8).zip(w.chunks_exact(8)) {
+                        let mut sums: [[__m512; 8]; N] = std::array::from_fn(|i| {
+                            std::array::from_fn(|t| _mm512_loadu_ps(ap[i].add(t * hd + d)))
+                        });
+                        for (k, g) in block.chunks_exact(8).enumerate() {
                             for t in 0..8 {
                                 let x = _mm512_loadu_ps(vp.add((g[t] - first) * hd + d));
-                                sums[t] = _mm512_fmadd_ps(_mm512_set1_ps(ws[t]), x, sums[t]);
+                                for i in 0..N {
+                                    let wt = _mm512_set1_ps(w[i][8 * k + t]);
+                                    sums[i][t] = _mm512_fmadd_ps(wt, x, sums[i][t]);
+                                }
                             }
                         }
-                        for (t, v) in sums.iter().enumerate() {
-                            _mm512_storeu_ps(ap.add(t * hd + d), *v);
+                        for i in 0..N {
+                            for (t, v) in sums[i].iter().enumerate() {
+                                _mm512_storeu_ps(ap[i].add(t * hd + d), *v);
+                            }
                         }
                     }
                     continue;
                 }
-                for (&j, &wt) in block.iter().zip(&w) {
-                    let wv = _mm512_set1_ps(wt);
+                for (k, &j) in block.iter().enumerate() {
                     let row = vp.add((j - first) * hd);
-                    let lane = ap.add((j % lanes) * hd);
                     for d in (0..hd).step_by(16) {
-                        let a = _mm512_loadu_ps(lane.add(d));
-                        _mm512_storeu_ps(
-                            lane.add(d),
-                            _mm512_fmadd_ps(wv, _mm512_loadu_ps(row.add(d)), a),
-                        );
+                        let x = _mm512_loadu_ps(row.add(d));
+                        for i in 0..N {
+                            let lane = ap[i].add((j % lanes) * hd + d);
+                            let wt = _mm512_set1_ps(w[i][k]);
+                            _mm512_storeu_ps(lane, _mm512_fmadd_ps(wt, x, _mm512_loadu_ps(lane)));
+                        }
                     }
                 }
             }
@@ -1532,6 +1547,8 @@ struct TileScratch {
     /// A key tile's rows, and a value tile's, as f32 (the 512-bit tiles).
     keys_f32: Vec<f32>,
     values_f32: Vec<f32>,
+    /// Each query's range of its slots in the value tile at hand.
+    spans: Vec<(usize, usize)>,
     /// Per query: how many of its slots the value pass has taken.
     cursor: Vec<usize>,
     row: Vec<f32>,
@@ -1572,6 +1589,7 @@ impl Tiles<'_> {
                 acc,
                 keys_f32,
                 values_f32,
+                spans,
                 cursor,
                 row,
             } = &mut *guard;
@@ -1613,7 +1631,7 @@ impl Tiles<'_> {
             query_offs.extend(queries.iter().map(|tq| tq.index * hd));
             // Only the x86_64 kernels read the offsets.
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (&key_offs, &query_offs);
+            let _ = (&key_offs, &query_offs, &keys_f32, &values_f32, &spans);
             // Scores, a key tile at a time.
             for tile in self.written.chunks(TILE_KEYS) {
                 if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
@@ -1630,7 +1648,9 @@ impl Tiles<'_> {
                     // holds a score for each pair.
                     unsafe {
                         match self.order {
-                            SumOrder::Batch if fused_f16::wide() => {
+                            SumOrder::Batch
+                                if fused_f16::wide() && hd <= fused_f16::WIDE_MAX_HEAD_DIM =>
+                            {
                                 fused_f16::key_quads_f32(ks, key_offs, hd, keys_f32);
                                 fused_f16::tile_dots_lanes8_f32(
                                     keys_f32, ks, key_offs, self.q, query_offs, hd, dots,
@@ -1707,6 +1727,7 @@ impl Tiles<'_> {
                     KvSlice::F16(vs)
                         if self.fused
                             && fused_f16::wide()
+                            && hd <= fused_f16::WIDE_MAX_HEAD_DIM
                             && hd.is_multiple_of(16)
                             && end - tile[0] + 1 == tile.len() =>
                     {
@@ -1727,6 +1748,65 @@ impl Tiles<'_> {
                     }
                     _ => false,
                 };
+                #[cfg(target_arch = "x86_64")]
+                if wide_values {
+                    // Each query's slots in this tile, then pairs of queries over the same
+                    // slots (every query that sees the whole tile) through one pass.
+                    spans.clear();
+                    for (tq, at) in queries.iter().zip(cursor.iter_mut()) {
+                        let start = *at;
+                        while *at < tq.slots.len() && tq.slots[*at] <= end {
+                            *at += 1;
+                        }
+                        spans.push((start, *at));
+                    }
+                    let mut rest: &mut [f32] = &mut acc[..];
+                    let mut i = 0;
+                    while i < queries.len() {
+                        let (s0, e0) = spans[i];
+                        let pair = i + 1 < queries.len() && {
+                            let (s1, e1) = spans[i + 1];
+                            queries[i].slots[s0..e0] == queries[i + 1].slots[s1..e1]
+                        };
+                        let take = if pair { 2 } else { 1 };
+                        let (mine, next) =
+                            std::mem::take(&mut rest).split_at_mut(take * lanes * hd);
+                        rest = next;
+                        let slots = &queries[i].slots[s0..e0];
+                        // SAFETY: as for `value_rows_f32` above; each query's sums hold
+                        // `lanes × hd` values, its scores cover its slots, and every slot
+                        // lies in the tile.
+                        unsafe {
+                            if pair {
+                                let (a0, a1) = mine.split_at_mut(lanes * hd);
+                                let (s1, e1) = spans[i + 1];
+                                fused_f16::weigh_values_f32::<2>(
+                                    values_f32,
+                                    tile[0],
+                                    hd,
+                                    lanes,
+                                    slots,
+                                    [&queries[i].scores[s0..e0], &queries[i + 1].scores[s1..e1]],
+                                    [queries[i].inv, queries[i + 1].inv],
+                                    [a0, a1],
+                                )
+                            } else {
+                                fused_f16::weigh_values_f32::<1>(
+                                    values_f32,
+                                    tile[0],
+                                    hd,
+                                    lanes,
+                                    slots,
+                                    [&queries[i].scores[s0..e0]],
+                                    [queries[i].inv],
+                                    [mine],
+                                )
+                            }
+                        };
+                        i += take;
+                    }
+                    continue;
+                }
                 for ((tq, at), lanes_acc) in queries
                     .iter()
                     .zip(cursor.iter_mut())
@@ -1735,24 +1815,6 @@ impl Tiles<'_> {
                     let start = *at;
                     while *at < tq.slots.len() && tq.slots[*at] <= end {
                         *at += 1;
-                    }
-                    #[cfg(target_arch = "x86_64")]
-                    if wide_values {
-                        // SAFETY: as for `value_rows_f32` above; `lanes_acc` holds
-                        // `lanes × hd` sums and every slot taken lies in the tile.
-                        unsafe {
-                            fused_f16::weigh_values_f32(
-                                values_f32,
-                                tile[0],
-                                hd,
-                                lanes,
-                                &tq.slots[start..*at],
-                                &tq.scores[start..*at],
-                                tq.inv,
-                                lanes_acc,
-                            )
-                        };
-                        continue;
                     }
                     #[cfg(target_arch = "x86_64")]
                     if let (true, KvSlice::F16(vs)) = (self.fused, self.v) {
