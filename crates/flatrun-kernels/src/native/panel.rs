@@ -349,11 +349,7 @@ fn legacy_values<const T: u32>(b: &[u8]) -> ([u8; 32], f32, f32) {
     const Q5_1: u32 = GgmlType::Q5_1 as u32;
     const Q8_0: u32 = GgmlType::Q8_0 as u32;
     const IQ4_NL: u32 = GgmlType::IQ4_NL as u32;
-    let f16_at = |o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
-    let (d, m) = match T {
-        Q4_1 | Q5_1 => (f16_at(0), f16_at(2)),
-        _ => (f16_at(0), 0.0),
-    };
+    let (d, m) = legacy_scale_min::<T>(b);
     let mut v = [0u8; 32];
     if T == Q8_0 {
         v.copy_from_slice(&b[BlockQ8_0::QS_OFFSET..BlockQ8_0::QS_OFFSET + 32]);
