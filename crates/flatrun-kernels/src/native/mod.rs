@@ -126,6 +126,8 @@ const fn fused<B: flatrun_dequant::BlockFormat>() -> Partner {
 thread_local! {
     /// Caller-side quantized activations, reused across calls.
     static ACTS_Q8: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
+    /// [`ACTS_Q8`] offset for the signed formats' panel tiles (`panel::offset_acts`).
+    static ACTS_Q8_OFFSET: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
     static ACTS_Q8K: RefCell<Vec<BlockQ8K>> = const { RefCell::new(Vec::new()) };
     /// Caller-side activations rounded to f16/bf16 for f16/bf16 weights.
     static ACTS_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -220,7 +222,7 @@ impl NativeKernels {
     fn for_panels<A: Sync>(
         &self,
         w: &Weight,
-        acts: &[A],
+        acts: (&[A], &[A]),
         acts_per_token: usize,
         n_tokens: usize,
         out: &mut [f32],
@@ -432,13 +434,15 @@ impl RowSplit {
     /// [`Self::run`] for a format with panels (`panel.rs`): each row group's whole panels
     /// are repacked once and multiplied by every full tile of 4 tokens through the panel
     /// tile; the group's last rows (fewer than a panel) and the last tokens (fewer than 4)
-    /// take `kernel`, the raw-row kernel of the same float order.
+    /// take `kernel`, the raw-row kernel of the same float order. The tile reads
+    /// `panel_acts` (`acts` as the format asks, [`panel::PanelFormat::offset_acts`]), the
+    /// kernel `acts`.
     #[allow(clippy::too_many_arguments)]
-    fn run_panels<A>(
+    fn run_panels<'a, A>(
         &self,
         c: usize,
         w: &Weight,
-        acts: &[A],
+        (acts, panel_acts): (&'a [A], &'a [A]),
         acts_per_token: usize,
         n_tokens: usize,
         out_ptr: OutPtr,
@@ -463,20 +467,24 @@ impl RowSplit {
             let mut t0 = 0;
             while t0 < n_tokens {
                 let nt = (n_tokens - t0).min(TOKEN_TILE);
-                let tokens: [&[A]; TOKEN_TILE] = std::array::from_fn(|k| {
-                    let t = (t0 + k).min(n_tokens - 1);
-                    &acts[t * acts_per_token..(t + 1) * acts_per_token]
-                });
+                let token_rows = |of: &'a [A]| -> [&'a [A]; TOKEN_TILE] {
+                    std::array::from_fn(|k| {
+                        let t = (t0 + k).min(n_tokens - 1);
+                        &of[t * acts_per_token..(t + 1) * acts_per_token]
+                    })
+                };
+                let tokens = token_rows(acts);
                 // The raw kernel from `s0` on (the rows no panel holds, or every row).
                 let mut s0 = g0;
                 if nt == TOKEN_TILE {
+                    let panel_tokens = token_rows(panel_acts);
                     for (p, lines) in packed[..(p1 - g0) / panel::PANEL_ROWS * panel_lines]
                         .chunks_exact(panel_lines)
                         .enumerate()
                     {
                         let o = &mut tile_out[..TOKEN_TILE * panel::PANEL_ROWS];
                         let r = g0 + p * panel::PANEL_ROWS;
-                        if !(format.tile)(lines, &tokens, o, one_token) {
+                        if !(format.tile)(lines, &panel_tokens, o, one_token) {
                             kernel(&w.data[r * rb..(r + panel::PANEL_ROWS) * rb], &tokens, o);
                         }
                         scatter(out_ptr, rows, t0, r, nt, o);
@@ -564,7 +572,16 @@ impl Kernels for NativeKernels {
                     |rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o);
                 match self.legacy_panel(w, n_tokens) {
                     Some(format) => {
-                        self.for_panels(w, &acts, per_token, n_tokens, out, format, &kernel)
+                        let mut offset = ACTS_Q8_OFFSET.with(|c| c.take());
+                        let panel_acts = if format.0.offset_acts {
+                            panel::offset_acts(&acts, &mut offset);
+                            &offset[..]
+                        } else {
+                            &acts[..]
+                        };
+                        let both = (&acts[..], panel_acts);
+                        self.for_panels(w, both, per_token, n_tokens, out, format, &kernel);
+                        ACTS_Q8_OFFSET.with(|c| c.replace(offset));
                     }
                     None => {
                         self.for_rows_tiled(w, &acts, per_token, n_tokens, d.q8_tile, out, kernel)
@@ -583,7 +600,8 @@ impl Kernels for NativeKernels {
                     |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| q8k(t, rows, rb, tile, o);
                 match self.panel(w, n_tokens) {
                     Some(format) => {
-                        self.for_panels(w, &acts, cols / QK_K, n_tokens, out, format, &kernel)
+                        let both = (&acts[..], &acts[..]);
+                        self.for_panels(w, both, cols / QK_K, n_tokens, out, format, &kernel)
                     }
                     None => self.for_rows(w, &acts, cols / QK_K, n_tokens, out, kernel),
                 }
@@ -682,6 +700,13 @@ impl Kernels for NativeKernels {
             q8.resize(n_tokens * cols / QK8, BlockQ8::default());
             quantize_tokens(x, n_tokens, &mut q8, quantize_q8);
         }
+        let mut q8_offset = ACTS_Q8_OFFSET.with(|c| c.take());
+        if ws.iter().any(|w| {
+            self.legacy_panel(w, n_tokens)
+                .is_some_and(|f| f.0.offset_acts)
+        }) {
+            panel::offset_acts(&q8, &mut q8_offset);
+        }
         let mut q8k = ACTS_Q8K.with(|c| c.take());
         if needs(|p| matches!(p, Partner::Q8K)) {
             q8k.clear();
@@ -703,7 +728,7 @@ impl Kernels for NativeKernels {
         }
         let total = first[ws.len()];
         let (d, q8k_rows) = (self.dispatch, self.q8k_kernel(n_tokens));
-        let (q8_acts, q8k_acts) = (&q8[..], &q8k[..]);
+        let (q8_acts, q8_offset_acts, q8k_acts) = (&q8[..], &q8_offset[..], &q8k[..]);
         let task = |g: usize| {
             let i = (0..ws.len()).rfind(|&i| first[i] <= g).unwrap_or(0);
             let (w, c) = (ws[i], g - first[i]);
@@ -720,7 +745,14 @@ impl Kernels for NativeKernels {
                         Some(format) => splits[i].run_panels(
                             c,
                             w,
-                            q8_acts,
+                            (
+                                q8_acts,
+                                if format.0.offset_acts {
+                                    q8_offset_acts
+                                } else {
+                                    q8_acts
+                                },
+                            ),
                             cols / QK8,
                             n_tokens,
                             out_ptrs[i],
@@ -747,7 +779,7 @@ impl Kernels for NativeKernels {
                         Some(tile) => splits[i].run_panels(
                             c,
                             w,
-                            q8k_acts,
+                            (q8k_acts, q8k_acts),
                             cols / QK_K,
                             n_tokens,
                             out_ptrs[i],
@@ -784,6 +816,7 @@ impl Kernels for NativeKernels {
             crate::threads::parallel_for(total, &task);
         }
         ACTS_Q8.with(|c| c.replace(q8));
+        ACTS_Q8_OFFSET.with(|c| c.replace(q8_offset));
         ACTS_Q8K.with(|c| c.replace(q8k));
         Ok(())
     }

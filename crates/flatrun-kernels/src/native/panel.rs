@@ -49,6 +49,9 @@ pub(crate) struct PanelFormat<A> {
     pub(crate) tile: PanelTile<A>,
     /// Whether `tile` keeps the one-token order (else such calls keep raw rows).
     pub(crate) one_token: bool,
+    /// Whether `tile` takes its activations through [`offset_acts`] (the raw-row kernel
+    /// still takes them as quantized).
+    pub(crate) offset_acts: bool,
 }
 
 // By hand: a derive would ask `A: Copy`, and only function pointers are held.
@@ -72,6 +75,7 @@ pub(crate) fn panel_format(
             repack: repack_q4k,
             tile,
             one_token: true,
+            offset_acts: false,
         }),
         GgmlType::Q6_K => q6k.map(|tile| PanelFormat {
             lines_per_block: std::mem::size_of::<Q6kPanelBlock>() / 64,
@@ -79,6 +83,7 @@ pub(crate) fn panel_format(
             repack: repack_q6k,
             tile,
             one_token: false,
+            offset_acts: false,
         }),
         _ => None,
     }
@@ -92,8 +97,10 @@ pub(crate) struct Q4kPanelBlock {
     /// bytes `32c + 8g .. 32c + 8g + 8` at bytes `8r ..`. Low nibbles are values
     /// `64c + 8g + j`, high nibbles values `64c + 32 + 8g + j`.
     pub(crate) qs: [[u8; 64]; 16],
-    /// Vector `2c + h`: row r's scale of sub-block `2c + h` as i16 in lanes `4r .. 4r + 4`
-    /// (the four i16 products `vpmaddubsw` makes of row r's 8 bytes).
+    /// Vector `2c + h`: row r's scale of sub-block `2c + h` as i16 in lanes `4r` and `4r + 2`,
+    /// 0 in `4r + 1` and `4r + 3`: one `vpdpwssd` then multiplies each of row r's two i32
+    /// lanes (a sub-block's `vpdpbusd` sums, |sum| ≤ 16·15·128 < 2¹⁵, so its low i16 is
+    /// itself and its high i16 meets the 0) by the scale.
     pub(crate) scales: [[i16; 32]; 8],
     /// Vector j: row r's min of sub-block j as i16 in lanes `2r` and `2r + 1` (against a
     /// token's two 16-value sums of that sub-block, one `vpmaddwd`).
@@ -153,7 +160,12 @@ pub(crate) fn repack_q4k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                 sc.copy_from_slice(&b[BlockQ4K::SCALES_OFFSET..BlockQ4K::SCALES_OFFSET + 12]);
                 for j in 0..8 {
                     let (s, m) = scale_min_k4(j, &sc);
-                    dst.scales[j][4 * r..4 * r + 4].fill(i16::from(s));
+                    dst.scales[j][4 * r..4 * r + 4].copy_from_slice(&[
+                        i16::from(s),
+                        0,
+                        i16::from(s),
+                        0,
+                    ]);
                     dst.mins[j][2 * r..2 * r + 2].fill(i16::from(m));
                 }
                 let qs = &b[BlockQ4K::QS_OFFSET..BlockQ4K::QS_OFFSET + 128];
@@ -253,7 +265,19 @@ pub(crate) fn legacy_panel_format(
         repack,
         tile: tiles[usize::from(legacy_unsigned(t))],
         one_token: true,
+        offset_acts: !legacy_unsigned(t),
     })
+}
+
+/// `src` with every activation value `a` (−128..=127) stored as the byte `a + 128` (its
+/// bit 7 flipped), into `out`: the unsigned operand of `vpdpbusd` against signed weights,
+/// for the signed formats' panel tiles (`x86_panel.rs::legacy_panel_8x4`).
+pub(crate) fn offset_acts(src: &[BlockQ8], out: &mut Vec<BlockQ8>) {
+    out.clear();
+    out.extend(src.iter().map(|b| BlockQ8 {
+        qs: b.qs.map(|q| q ^ i8::MIN),
+        ..*b
+    }));
 }
 
 /// The scale and min (0 for the formats without one) of a legacy block.

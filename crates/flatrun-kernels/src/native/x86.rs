@@ -62,8 +62,9 @@ pub(crate) fn q4k_panel_tile(
 }
 
 /// One panel of a legacy format × 4 tokens, checked as [`q4k_panel_tile`] (signed
-/// values; [`legacy_panel_tile_unsigned`] for Q4_1 and Q5_1). Every call keeps the
-/// one-token order: these formats' order does not depend on the tokens per call.
+/// values, against activations offset by `panel::offset_acts`;
+/// [`legacy_panel_tile_unsigned`] for Q4_1 and Q5_1). Every call keeps the one-token
+/// order: these formats' order does not depend on the tokens per call.
 pub(crate) fn legacy_panel_tile_signed(
     lines: &[super::panel::Line],
     acts: &[&[super::quantize::BlockQ8]],

@@ -1,4 +1,7 @@
 //! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 8 rows × 4 tokens.
+// Index loops over parallel per-token arrays (registers, activations, outputs) read as the
+// tile's equations.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 
@@ -112,6 +115,10 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
                 } else {
                     [_mm512_setzero_si512(); 4]
                 };
+                // Each row's two i32 lanes gather its sub-blocks' unscaled sums (2c from the
+                // low nibbles, 2c + 1 from the high), one `vpdpbusd` per vector and token.
+                let mut sub_lo = [_mm512_setzero_si512(); 4];
+                let mut sub_hi = [_mm512_setzero_si512(); 4];
                 for g in 0..4 {
                     let w = _mm512_loadu_si512(blk.qs[4 * c + g].as_ptr() as *const __m512i);
                     let lo = _mm512_and_si512(w, m4);
@@ -120,9 +127,14 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
                         let p = a[t].qs.as_ptr().add(64 * c + 8 * g);
                         let a_lo = _mm512_set1_epi64((p as *const i64).read_unaligned());
                         let a_hi = _mm512_set1_epi64((p.add(32) as *const i64).read_unaligned());
-                        let s = dpwssd(sum[t], _mm512_maddubs_epi16(lo, a_lo), s_lo);
-                        sum[t] = dpwssd(s, _mm512_maddubs_epi16(hi, a_hi), s_hi);
+                        sub_lo[t] = _mm512_dpbusd_epi32(sub_lo[t], lo, a_lo);
+                        sub_hi[t] = _mm512_dpbusd_epi32(sub_hi[t], hi, a_hi);
                     }
+                }
+                // Scaled into the chunk's sums: the scale vectors hold 0 in each i32 lane's
+                // high i16, which meets the sum's sign bits (see `Q4kPanelBlock::scales`).
+                for t in 0..4 {
+                    sum[t] = dpwssd(dpwssd(sum[t], sub_lo[t], s_lo), sub_hi[t], s_hi);
                 }
                 if ONE_TOKEN {
                     whole = sum;
@@ -251,12 +263,13 @@ pub(crate) unsafe fn q6_k_panel_8x4(
 /// Σ4 q·a, lane)` per block, then `hsum` of the lanes (the tree of `super::hsum`) plus the
 /// mins' chain (`UNSIGNED`: `mins = fma(m_w, s_a, mins)` per block). Vector v's `vpdpbusd`
 /// gives row r the lanes `2v`, `2v + 1` in its lanes `2r`, `2r + 1`, so four accumulators
-/// per token hold every output's eight lanes. Signed values as ggml's sign trick: `|q|`
-/// times the activations negated where `q < 0` (exact: activations lie in −127..=127).
-/// `out[r·4 + t]`.
+/// per token hold every output's eight lanes. Signed values (`UNSIGNED` false) take their
+/// activations offset to `a + 128` (`panel::offset_acts`) as the unsigned operand: each
+/// lane's `Σ4 (a + 128)·q` starts from `−128·Σ4 q`, made once per vector for the 4 tokens,
+/// so the integer sums are exactly `Σ4 a·q`. `out[r·4 + t]`.
 ///
 /// # Safety
-/// As [`q4_k_panel_8x4`].
+/// As [`q4_k_panel_8x4`]; for signed values the activations are offset.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn legacy_panel_8x4<const UNSIGNED: bool>(
     blocks: &[LegacyPanelBlock],
@@ -274,20 +287,21 @@ pub(crate) unsafe fn legacy_panel_8x4<const UNSIGNED: bool>(
             let dd: [__m512; 4] = std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(a[t].d)));
             for v in 0..4 {
                 let q = _mm512_loadu_si512(blk.q[v].as_ptr() as *const __m512i);
-                let (aq, neg) = if UNSIGNED {
-                    (q, 0)
+                // −128·Σ4 q per lane: what the offset activations add.
+                let start = if UNSIGNED {
+                    _mm512_setzero_si512()
                 } else {
-                    (_mm512_abs_epi8(q), _mm512_movepi8_mask(q))
+                    let zero = _mm512_setzero_si512();
+                    _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, _mm512_set1_epi8(-128), q))
                 };
                 for t in 0..4 {
                     let p = a[t].qs.as_ptr().add(8 * v);
                     let av = _mm512_set1_epi64((p as *const i64).read_unaligned());
-                    let sv = if UNSIGNED {
-                        av
+                    let sum = if UNSIGNED {
+                        _mm512_dpbusd_epi32(start, q, av)
                     } else {
-                        _mm512_mask_sub_epi8(av, neg, _mm512_setzero_si512(), av)
+                        _mm512_dpbusd_epi32(start, av, q)
                     };
-                    let sum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), aq, sv);
                     lanes[t][v] = _mm512_fmadd_ps(dd[t], _mm512_cvtepi32_ps(sum), lanes[t][v]);
                 }
             }
