@@ -3,12 +3,16 @@
 several prompt lengths, every weight resident, in one run.
 
 For each round, model and length (ppN, synthetic tokens as `llama-bench -p N`),
-`llama-bench -p N -n 0 -r 1` and `flatrun bench --residency resident -p N -n 0
--r 1` run back to back, the one going first alternating between rounds, so both
-share the machine's noise. Each tool warms up once before its timed run
-(llama-bench's warm-up run, Flatrun's untimed pass). Prints Flatrun ÷ llama.cpp
-per model and length (median [min–max] of the rounds' ratios) and writes every
-sample to `benches/race/results/prefill-latest.json`.
+`llama-bench -p N -n 0 -r 1 --repack 0,1` and `flatrun bench --residency
+resident -p N -n 0 -r 1` run back to back, the one going first alternating
+between rounds, so both share the machine's noise. Each tool warms up once
+before each timed run (llama-bench's warm-up run, Flatrun's untimed pass).
+llama.cpp runs both of its weight layouts: repacked into interleaved tiles (its
+default) and as loaded (`--repack 0`, which takes its tiled K-quant GEMM), and
+the faster of the two in each round is what Flatrun is held against. Prints
+both and Flatrun ÷ llama.cpp's faster per model and length (median [min–max] of
+the rounds' ratios) and writes every sample to
+`benches/race/results/prefill-latest.json`.
 
 With `--cap`, both run inside a fresh memory cgroup of `--cap-fraction` (0.5)
 of the model file, the file's page cache dropped first, cold (no warm-up):
@@ -58,8 +62,11 @@ def main() -> int:
     if not models:
         sys.exit("no GGUF models found")
 
+    # "llama" is llama.cpp's faster layout in each round; resident runs also keep both.
     samples: dict[str, dict[int, dict[str, list[float]]]] = {
-        m.name: {p: {"flatrun": [], "llama": []} for p in args.lengths} for m in models
+        m.name: {p: {"flatrun": [], "llama": [], "llama_repack": [], "llama_no_repack": []}
+                 for p in args.lengths}
+        for m in models
     }
     caps: dict[str, dict[int, str]] = {}
     if args.cap:
@@ -77,9 +84,12 @@ def main() -> int:
         if not args.cap:
             if who == "flatrun":
                 out, _ = race.flatrun_bench(args, model, p, 0, "resident")
-            else:
-                out, _ = race.llama_bench(args, model, p, 0, [])
-            return out[f"pp{p}"]["tok_s"]
+                return out[f"pp{p}"]["tok_s"]
+            _, res = race.llama_bench(args, model, p, 0, ["--repack", "0,1"])
+            by_layout = {bool(r.get("repack")): r["avg_ts"] for r in json.loads(res.stdout)}
+            samples[model.name][p]["llama_repack"].append(by_layout[True])
+            samples[model.name][p]["llama_no_repack"].append(by_layout[False])
+            return max(by_layout.values())
         race.drop_page_cache(model)
         cg = race.Cgroup(int(model.stat().st_size * args.cap_fraction), f"flatrun-prefill-{os.getpid()}-{who}-{rnd}")
         try:
@@ -93,25 +103,46 @@ def main() -> int:
             cg.remove()
         return out[f"pp{p}"]["tok_s"]
 
+    failures: dict[str, dict[int, dict[str, int]]] = {}
     for rnd in range(args.rounds):
         for model in models:
             for p in args.lengths:
                 flatrun_first = (rnd % 2) == 0
                 for who in (["flatrun", "llama"] if flatrun_first else ["llama", "flatrun"]):
-                    tps = one(who, model, p, rnd)
+                    try:
+                        tps = one(who, model, p, rnd)
+                    except RuntimeError as e:
+                        # Under a cgroup, exit -9 is the OOM killer (anonymous memory above the limit).
+                        failures.setdefault(model.name, {}).setdefault(p, {}).setdefault(who, 0)
+                        failures[model.name][p][who] += 1
+                        race.log(f"round {rnd + 1}: {model.name} pp{p} {who} FAILED ({str(e).splitlines()[0][:120]})")
+                        continue
                     samples[model.name][p][who].append(tps)
                     race.log(f"round {rnd + 1}: {model.name} pp{p} {who} {tps:.1f} t/s")
 
-    print("\n| model | prompt | Flatrun t/s | llama.cpp t/s | Flatrun ÷ llama.cpp |")
-    print("|---|---:|---:|---:|---:|")
+    if args.cap:
+        print("\n| model | prompt | Flatrun t/s | llama.cpp t/s | Flatrun ÷ llama.cpp |")
+        print("|---|---:|---:|---:|---:|")
+    else:
+        print("\n| model | prompt | Flatrun t/s | llama.cpp repacked t/s | llama.cpp `--repack 0` t/s "
+              "| Flatrun ÷ llama.cpp's faster |")
+        print("|---|---:|---:|---:|---:|---:|")
     for model in models:
         for p in args.lengths:
             s = samples[model.name][p]
-            r = race.paired_ratio(s["flatrun"], s["llama"])
-            f, l = race.summarize(s["flatrun"]), race.summarize(s["llama"])
-            print(f"| {model.name} | pp{p} | {f['median']:.1f} [{f['min']:.1f}–{f['max']:.1f}] "
-                  f"| {l['median']:.1f} [{l['min']:.1f}–{l['max']:.1f}] "
-                  f"| **{r['median']:.2f}×** [{r['min']:.2f}–{r['max']:.2f}] |")
+            failed = failures.get(model.name, {}).get(p, {})
+
+            def cell(who: str) -> str:
+                if not s[who]:
+                    return f"killed ({failed.get(who, 0)} of {args.rounds})"
+                v = race.summarize(s[who])
+                note = f", killed {failed[who]}×" if failed.get(who) else ""
+                return f"{v['median']:.1f} [{v['min']:.1f}–{v['max']:.1f}]{note}"
+
+            r = race.paired_ratio(s["flatrun"], s["llama"]) if s["flatrun"] and s["llama"] else None
+            ratio = f"**{r['median']:.2f}×** [{r['min']:.2f}–{r['max']:.2f}]" if r else "—"
+            llama_cells = [cell("llama")] if args.cap else [cell("llama_repack"), cell("llama_no_repack")]
+            print(f"| {model.name} | pp{p} | {cell('flatrun')} | {' | '.join(llama_cells)} | {ratio} |")
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -123,6 +154,7 @@ def main() -> int:
         "capped": args.cap,
         "flatrun_residency": caps,
         "samples": samples,
+        "failures": failures,
     }
     path = out_dir / ("prefill-capped-latest.json" if args.cap else "prefill-latest.json")
     path.write_text(json.dumps(doc, indent=1))
