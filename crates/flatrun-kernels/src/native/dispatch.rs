@@ -118,8 +118,8 @@ impl Dispatch {
                 q4k_panel: Some(super::x86::q4k_panel_tile),
                 q6k_panel: Some(super::x86::q6k_panel_tile),
                 q8_panel: Some([
-                    super::x86::legacy_panel_tile_signed,
-                    super::x86::legacy_panel_tile_unsigned,
+                    super::x86::legacy_panel_tile::<false>,
+                    super::x86::legacy_panel_tile::<true>,
                 ]),
                 q8_tile: 8,
             },

@@ -61,11 +61,11 @@ pub(crate) fn q4k_panel_tile(
     true
 }
 
-/// One panel of a legacy format × 4 tokens, checked as [`q4k_panel_tile`] (signed
-/// values, against activations offset by `panel::offset_acts`;
-/// [`legacy_panel_tile_unsigned`] for Q4_1 and Q5_1). Every call keeps the one-token
-/// order: these formats' order does not depend on the tokens per call.
-pub(crate) fn legacy_panel_tile_signed(
+/// One panel of a legacy format × 4 tokens, checked as [`q4k_panel_tile`]: `UNSIGNED` for
+/// Q4_1 and Q5_1 (values with a min), else signed values against activations offset by
+/// `panel::offset_acts`. Every call keeps the one-token order: these formats' order does
+/// not depend on the tokens per call.
+pub(crate) fn legacy_panel_tile<const UNSIGNED: bool>(
     lines: &[super::panel::Line],
     acts: &[&[super::quantize::BlockQ8]],
     out: &mut [f32],
@@ -78,25 +78,7 @@ pub(crate) fn legacy_panel_tile_signed(
         return false;
     }
     // SAFETY: as in `q4k_panel_tile`.
-    unsafe { panel::legacy_panel_8x4::<false>(blocks, acts, out) };
-    true
-}
-
-/// [`legacy_panel_tile_signed`] for the formats with unsigned values and a min.
-pub(crate) fn legacy_panel_tile_unsigned(
-    lines: &[super::panel::Line],
-    acts: &[&[super::quantize::BlockQ8]],
-    out: &mut [f32],
-    _one_token: bool,
-) -> bool {
-    let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::LegacyPanelBlock>(lines) else {
-        return false;
-    };
-    if !panel_call_ok(blocks, acts, out) {
-        return false;
-    }
-    // SAFETY: as in `q4k_panel_tile`.
-    unsafe { panel::legacy_panel_8x4::<true>(blocks, acts, out) };
+    unsafe { panel::legacy_panel_8x4::<UNSIGNED>(blocks, acts, out) };
     true
 }
 

@@ -352,24 +352,7 @@ macro_rules! kquant_kernels {
                     let z = _mm512_shuffle_i32x4::<0b11_01_10_00>(y, y);
                     _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
                 }
-                /// `acc + Σ` of i16 pairs `a·b`, as one `vpdpwssd` (left to itself, LLVM splits
-                /// it into `vpmaddwd` + `vpaddd`).
-                #[inline]
-                #[target_feature(enable = "avx512f,avx512vnni")]
-                fn dpwssd512(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
-                    let mut acc = acc;
-                    // SAFETY: register-only, and this function's features include VNNI.
-                    unsafe {
-                        std::arch::asm!(
-                            "vpdpwssd {acc}, {a}, {b}",
-                            acc = inout(zmm_reg) acc,
-                            a = in(zmm_reg) a,
-                            b = in(zmm_reg) b,
-                            options(pure, nomem, nostack, preserves_flags)
-                        );
-                    }
-                    acc
-                }
+                use super::panel::dpwssd as dpwssd512;
                 let nb = r0.len() / BlockQ4K::BLOCK_BYTES;
                 let m4 = _mm512_set1_epi8(0x0F);
                 let mut acc = _mm256_setzero_ps();

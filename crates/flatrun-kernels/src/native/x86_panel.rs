@@ -12,7 +12,7 @@ use crate::native::quantize::{BlockQ8, BlockQ8K};
 /// `vpmaddwd` + `vpaddd`, one more instruction on the two ports 512-bit code has).
 #[inline]
 #[target_feature(enable = "avx512f,avx512vnni")]
-fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
+pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     let mut acc = acc;
     // SAFETY: register-only, and this function's features include VNNI.
     unsafe {
