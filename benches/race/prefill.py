@@ -112,7 +112,8 @@ def main() -> int:
                     try:
                         tps = one(who, model, p, rnd)
                     except RuntimeError as e:
-                        # Under a cgroup, exit -9 is the OOM killer (anonymous memory above the limit).
+                        # Logged with its exit code; under a cgroup, -9 is the OOM killer
+                        # (anonymous memory above the limit).
                         failures.setdefault(model.name, {}).setdefault(p, {}).setdefault(who, 0)
                         failures[model.name][p][who] += 1
                         race.log(f"round {rnd + 1}: {model.name} pp{p} {who} FAILED ({str(e).splitlines()[0][:120]})")
@@ -133,10 +134,12 @@ def main() -> int:
             failed = failures.get(model.name, {}).get(p, {})
 
             def cell(who: str) -> str:
+                # llama_repack / llama_no_repack come from the same llama-bench run as "llama".
+                fails = failed.get("llama" if who.startswith("llama") else who, 0)
                 if not s[who]:
-                    return f"killed ({failed.get(who, 0)} of {args.rounds})"
+                    return f"failed ({fails} of {args.rounds})"
                 v = race.summarize(s[who])
-                note = f", killed {failed[who]}×" if failed.get(who) else ""
+                note = f", failed {fails}×" if fails else ""
                 return f"{v['median']:.1f} [{v['min']:.1f}–{v['max']:.1f}]{note}"
 
             r = race.paired_ratio(s["flatrun"], s["llama"]) if s["flatrun"] and s["llama"] else None

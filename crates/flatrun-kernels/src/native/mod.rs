@@ -435,8 +435,7 @@ impl RowSplit {
     /// are repacked once and multiplied by every full tile of 4 tokens through the panel
     /// tile; the group's last rows (fewer than a panel) and the last tokens (fewer than 4)
     /// take `kernel`, the raw-row kernel of the same float order. The tile reads
-    /// `panel_acts` (`acts` as the format asks, [`panel::PanelFormat::offset_acts`]), the
-    /// kernel `acts`.
+    /// `panel_acts` ([`panel::PanelFormat::tile_acts`]), the kernel `acts`.
     #[allow(clippy::too_many_arguments)]
     fn run_panels<'a, A>(
         &self,
@@ -573,13 +572,10 @@ impl Kernels for NativeKernels {
                 match self.legacy_panel(w, n_tokens) {
                     Some(format) => {
                         let mut offset = ACTS_Q8_OFFSET.with(|c| c.take());
-                        let panel_acts = if format.0.offset_acts {
+                        if format.0.offset_acts {
                             panel::offset_acts(&acts, &mut offset);
-                            &offset[..]
-                        } else {
-                            &acts[..]
-                        };
-                        let both = (&acts[..], panel_acts);
+                        }
+                        let both = (&acts[..], format.0.tile_acts(&acts, &offset));
                         self.for_panels(w, both, per_token, n_tokens, out, format, &kernel);
                         ACTS_Q8_OFFSET.with(|c| c.replace(offset));
                     }
@@ -745,14 +741,7 @@ impl Kernels for NativeKernels {
                         Some(format) => splits[i].run_panels(
                             c,
                             w,
-                            (
-                                q8_acts,
-                                if format.0.offset_acts {
-                                    q8_offset_acts
-                                } else {
-                                    q8_acts
-                                },
-                            ),
+                            (q8_acts, format.0.tile_acts(q8_acts, q8_offset_acts)),
                             cols / QK8,
                             n_tokens,
                             out_ptrs[i],

@@ -54,6 +54,14 @@ pub(crate) struct PanelFormat<A> {
     pub(crate) offset_acts: bool,
 }
 
+impl<A> PanelFormat<A> {
+    /// The activations `tile` reads: `offset` (`acts` through [`offset_acts`]) where the
+    /// format asks for it, else `acts`.
+    pub(crate) fn tile_acts<'a>(&self, acts: &'a [A], offset: &'a [A]) -> &'a [A] {
+        if self.offset_acts { offset } else { acts }
+    }
+}
+
 // By hand: a derive would ask `A: Copy`, and only function pointers are held.
 impl<A> Clone for PanelFormat<A> {
     fn clone(&self) -> Self {

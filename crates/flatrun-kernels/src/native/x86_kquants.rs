@@ -352,7 +352,7 @@ macro_rules! kquant_kernels {
                     let z = _mm512_shuffle_i32x4::<0b11_01_10_00>(y, y);
                     _mm256_add_epi32(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64::<1>(z))
                 }
-                use super::panel::dpwssd as dpwssd512;
+                use super::panel::dpwssd;
                 let nb = r0.len() / BlockQ4K::BLOCK_BYTES;
                 let m4 = _mm512_set1_epi8(0x0F);
                 let mut acc = _mm256_setzero_ps();
@@ -387,8 +387,8 @@ macro_rules! kquant_kernels {
                             let a_lo = _mm512_broadcast_i64x4(_mm256_loadu_si256(p as *const __m256i));
                             let a_hi = _mm512_broadcast_i64x4(_mm256_loadu_si256(p.add(32) as *const __m256i));
                             let init = if ONE_TOKEN { block[t] } else { _mm512_setzero_si512() };
-                            let s = dpwssd512(init, _mm512_maddubs_epi16(lo, a_lo), s_lo);
-                            dpwssd512(s, _mm512_maddubs_epi16(hi, a_hi), s_hi)
+                            let s = dpwssd(init, _mm512_maddubs_epi16(lo, a_lo), s_lo);
+                            dpwssd(s, _mm512_maddubs_epi16(hi, a_hi), s_hi)
                         });
                         if ONE_TOKEN {
                             block = v;
