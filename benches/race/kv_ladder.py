@@ -4,10 +4,10 @@ against the resident one.
 
 For each context length N (default 1024, 8192, 32768 tokens) the script feeds
 the first N tokens (about: `--chars-per-token`, 4.4 for English prose and
-Qwen2.5's tokenizer) of a long real text (`--text`, default the 16k-token
-`crates/flatrun-runtime/tests/fixtures/long_context/python_reference.txt`;
-give a longer one, e.g. a Project Gutenberg book, for 32k; not repeated
-filler) to
+Qwen2.5's tokenizer) of a long real text (`--text`; by default CPython's
+reference-manual help text, `pydoc_data.topics`, which every CPython install
+carries: 465k characters, about 100k tokens, in sorted topic order; not
+repeated filler) to
 `flatrun run --ctx 1.25N+64 -n 32`, once per residency (`stream`: weights and KV
 cache streamed, the cache from its file; `resident`: everything in memory,
 the cache in anonymous memory), and prints the peak RSS (`VmHWM`) and the
@@ -19,7 +19,7 @@ Target: in stream mode peak RSS grows by less than 10% from the first rung
 to the last, while the resident cache grows by the KV bytes.
 
     python benches/race/kv_ladder.py --model ~/.cache/flatrun/models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf \\
-        [--text around-the-world.txt] --ctx 1024,8192,32768 [--llama-bench PATH] [--kv-type f16]
+        [--text book.txt] --ctx 1024,8192,32768 [--llama-bench PATH] [--kv-type f16]
 """
 
 from __future__ import annotations
@@ -62,12 +62,16 @@ def run_llama(bench, model, depth, kv_type):
     return float(dict(zip(header, values)).get("avg_ts", "nan"))
 
 
+def reference_text():
+    """CPython's reference-manual help text, every topic in sorted order."""
+    from pydoc_data.topics import topics
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--text", default=os.path.join(
-        ROOT, "crates/flatrun-runtime/tests/fixtures/long_context/python_reference.txt"),
-        help="a long real text (plain UTF-8)")
+    ap.add_argument("--text", help="a long real text (plain UTF-8); default: pydoc_data.topics")
     ap.add_argument("--chars-per-token", type=float, default=4.4)
     ap.add_argument("--ctx", default="1024,8192,32768")
     ap.add_argument("--kv-type", default="f16")
@@ -75,7 +79,7 @@ def main():
     ap.add_argument("--llama-bench")
     ap.add_argument("--residencies", default="stream,resident")
     a = ap.parse_args()
-    text = open(a.text, encoding="utf-8", errors="replace").read()
+    text = open(a.text, encoding="utf-8", errors="replace").read() if a.text else reference_text()
     rungs = [int(x) for x in a.ctx.split(",")]
     results = {}
     print(f"model {os.path.basename(a.model)}, kv {a.kv_type}")

@@ -887,10 +887,14 @@ impl StreamingExecutor {
                 vectors,
             };
             // Each sequence runs through its own memory of this layer: a KV
-            // cache, or a recurrent state. A streamed cache reads the next
-            // layer's pages ahead while this one runs.
+            // cache, or a recurrent state. A cache in a file is read ahead
+            // by the engine, the next layer's (after the last layer, the
+            // first's, for the next step) while this one runs.
+            let next_layer = (il + 1) % self.cfg.n_layer.max(1);
             for (seq, _) in batch.iter() {
-                seq.kv.prefetch_layer(il + 1);
+                if let Some(pages) = seq.kv.layer_pages(next_layer) {
+                    self.engine.read_pages_ahead(pages.ahead());
+                }
             }
             let memory = self.cfg.arch.layer_memory(&self.cfg, il);
             let mut segments: Vec<Segment> = Vec::with_capacity(pieces.len());
@@ -967,9 +971,12 @@ impl StreamingExecutor {
                 &mut self.profiler,
             )?;
             drop(segments);
-            // A streamed cache's pages of this layer leave the process.
+            // A cache in a file: this layer's pages leave the process.
             for (seq, _) in batch.iter() {
-                seq.kv.release_layer(il);
+                if let Some(pages) = seq.kv.layer_pages(il) {
+                    let bytes = self.engine.release_pages(pages);
+                    self.profiler.record_kv_bytes_paged(il, bytes);
+                }
             }
             if let Some(k) = &chunked {
                 // The matmuls' waits for their chunks are this layer's I/O wait.
@@ -1080,6 +1087,16 @@ impl StreamingExecutor {
         let d = self.cfg.n_embd;
         let h = open(self.backend.as_ref(), &self.manifest.embed.name)?;
         let w = weight(&h)?;
+        // Unless the table is kept (a resident or kept tied head), each
+        // looked-up row's pages go as soon as the row is read: over a long
+        // generation they would add up, and a long prompt's rows at once
+        // would be a fault-around block each.
+        let kept = self.residency.output_resident
+            && (self.manifest.output_tied || self.residency.resident.iter().all(|&r| r));
+        let within = self
+            .mapped_bounds
+            .get(h.info().file_index)
+            .filter(|_| !kept);
         for (t, &id) in ids.iter().enumerate() {
             let r = id as usize;
             self.kernels
@@ -1088,23 +1105,12 @@ impl StreamingExecutor {
                     tensor: self.manifest.embed.name.clone(),
                     source,
                 })?;
-        }
-        // Unless the table is kept (a resident or kept tied head), drop the
-        // looked-up rows' pages: over a long generation they would add up.
-        let kept = self.residency.output_resident
-            && (self.manifest.output_tied || self.residency.resident.iter().all(|&r| r));
-        if let (false, Some(within)) = (kept, self.mapped_bounds.get(h.info().file_index)) {
-            for &id in ids {
-                let r = id as usize;
-                // Rows of a tied head's kept part stay.
-                if self.manifest.output_tied && r < self.weights.head.kept_rows {
-                    continue;
-                }
-                if let Ok(row) = w.row_range(r..r + 1) {
-                    // SAFETY: `within` is the span of the embedding's
-                    // file in its read-only mapping, alive with `self.backend`.
-                    unsafe { memory::release_blocks(row.data, within, false) };
-                }
+            // Rows of a tied head's kept part stay.
+            let kept_row = self.manifest.output_tied && r < self.weights.head.kept_rows;
+            if let (Some(within), false, Ok(row)) = (within, kept_row, w.row_range(r..r + 1)) {
+                // SAFETY: `within` is the span of the embedding's file in its
+                // read-only mapping, alive with `self.backend`.
+                unsafe { memory::release_blocks(row.data, within, false) };
             }
         }
         if let Some(scale) = self.cfg.embed_scale {

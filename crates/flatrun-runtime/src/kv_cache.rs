@@ -7,20 +7,23 @@
 //!
 //! Where the bytes live ([`KvBacking`]): an anonymous mapping (the kernel
 //! hands out zero pages on first write, so a long context costs memory only
-//! as it fills), or a shared mapping of a file (streamed residency): the
-//! executor releases a layer's pages right after the layer ran
-//! ([`KvCache::release_layer`]) and asks for the next layer's ahead of use
-//! ([`KvCache::prefetch_layer`]), so only the layers in flight are mapped
-//! and the resident set stays flat as the context grows; the page cache
-//! holds the rest and writes it back under memory pressure.
+//! as it fills), or a shared mapping of a file (streamed residency). A
+//! file-backed layer is handed to the weight engine as [`LayerPages`], like
+//! a streamed weight item: the engine's read-ahead thread starts reading the
+//! next layer's bytes from the cache's file while this layer runs, and the
+//! layer's pages leave the process right after it ran. Only the layers in
+//! flight are mapped and the resident set stays flat as the context grows;
+//! the page cache holds the rest and writes it back under memory pressure.
 
 use crate::options::KvType;
 use flatrun_format::GgmlType;
-use flatrun_kernels::ops::{self, KvSlice};
+use flatrun_kernels::ops::{self, KvPager, KvPart, KvSlice};
 use flatrun_model::arch::{KvRotation, LayerKv, LayerPlan, MemoryKind};
 use flatrun_model::{ModelConfig, ModelError};
 use half::f16;
+use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// Where a sequence's cache keeps its bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -40,8 +43,9 @@ enum Bytes {
     /// Anonymous or file-backed mapping (page-aligned).
     Mapped {
         map: memmap2::MmapMut,
-        /// Backed by a file: pages may be dropped after use.
-        file: bool,
+        /// Backed by the cache's file from this offset: pages may be
+        /// dropped after use. `None`: anonymous memory.
+        file_offset: Option<u64>,
     },
     /// `u32` elements: 4-byte alignment, enough for f16 and f32 (when a
     /// mapping cannot be made).
@@ -53,7 +57,10 @@ impl Bytes {
         if bytes > 0
             && let Ok(map) = memmap2::MmapMut::map_anon(bytes)
         {
-            return Bytes::Mapped { map, file: false };
+            return Bytes::Mapped {
+                map,
+                file_offset: None,
+            };
         }
         Bytes::Heap(vec![0u32; bytes.div_ceil(4)])
     }
@@ -71,7 +78,10 @@ impl Bytes {
                 .len(len)
                 .map_mut(file)?
         };
-        Ok(Bytes::Mapped { map, file: true })
+        Ok(Bytes::Mapped {
+            map,
+            file_offset: Some(offset),
+        })
     }
     fn as_bytes(&self) -> &[u8] {
         match self {
@@ -88,25 +98,39 @@ impl Bytes {
     /// Unmap the pages of the first `len` bytes from the process (a
     /// file-backed store only: its data stays in the page cache and file).
     fn release(&self, len: usize) {
-        if let Bytes::Mapped { map, file: true } = self {
-            let len = len.min(map.len());
-            if len > 0 {
+        self.release_range(0..len);
+    }
+    /// Unmap the pages covering bytes `range` (rounded out to whole pages)
+    /// from the process; file-backed stores only.
+    fn release_range(&self, range: std::ops::Range<usize>) {
+        if let Bytes::Mapped {
+            map,
+            file_offset: Some(_),
+        } = self
+        {
+            let page = crate::memory::page_size();
+            let start = range.start / page * page;
+            let end = range.end.min(map.len());
+            if end > start {
+                let len = end - start;
                 // SAFETY: a shared file mapping: DONTNEED drops the page-table
                 // entries only; written data stays in the page cache (written
                 // back to the file) and the next access faults it back in.
                 let _ = unsafe {
-                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, len)
+                    map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, len)
                 };
             }
         }
     }
-    /// Start reading the first `len` bytes in (file-backed stores).
-    fn prefetch(&self, len: usize) {
-        if let Bytes::Mapped { map, file: true } = self {
-            let len = len.min(map.len());
-            if len > 0 {
-                let _ = map.advise_range(memmap2::Advice::WillNeed, 0, len);
-            }
+    /// Where the first `len` bytes are in the cache's file (file-backed
+    /// stores).
+    fn file_span(&self, len: usize) -> Option<(u64, u64)> {
+        match self {
+            Bytes::Mapped {
+                map,
+                file_offset: Some(at),
+            } => Some((*at, len.min(map.len()) as u64)),
+            _ => None,
         }
     }
 }
@@ -271,8 +295,14 @@ pub struct LayerKvCache {
     max_position: usize,
     keys: KvStore,
     values: KvStore,
-    /// Absolute position held by each slot, `usize::MAX` when empty.
-    slot_pos: Vec<usize>,
+    /// Absolute position held by each slot, `usize::MAX` when empty; at
+    /// least `high_water` long. `None` while slot `j` holds position `j`
+    /// for every `j < high_water` (a full-attention layer filled in order,
+    /// the usual case): the table is then the cache's shared `identity`,
+    /// and a long context costs no table per layer.
+    slot_pos: Option<Vec<usize>>,
+    /// `0, 1, 2, …` up to the cache's slots, shared by its layers.
+    identity: Arc<[usize]>,
     /// Slots in use are `0..high_water` (the rest were never written).
     high_water: usize,
     /// The rotation quantized rows are stored under.
@@ -292,17 +322,47 @@ impl LayerKvCache {
 
     /// Forget every position at or after `pos`.
     fn truncate(&mut self, pos: usize) {
-        for p in self.slot_pos.iter_mut() {
-            if *p != usize::MAX && *p >= pos {
-                *p = usize::MAX;
+        match &mut self.slot_pos {
+            // Slots hold their own positions: the first `pos` stay.
+            None => self.high_water = self.high_water.min(pos),
+            Some(table) => {
+                for p in table.iter_mut() {
+                    if *p != usize::MAX && *p >= pos {
+                        *p = usize::MAX;
+                    }
+                }
             }
         }
+    }
+
+    /// The slot table as a vector of its own (from here on).
+    fn own_table(&mut self) -> &mut Vec<usize> {
+        let high_water = self.high_water;
+        self.slot_pos
+            .get_or_insert_with(|| (0..high_water).collect())
+    }
+
+    /// Record that `slot` holds `pos` (and that slots up to it are in
+    /// use). A layer whose slots hold their own positions keeps sharing the
+    /// identity table while writes go on in order; anything else (a ring
+    /// that wrapped, a gap) gives it a table of its own, grown as slots are
+    /// first written.
+    fn set_slot(&mut self, slot: usize, pos: usize) {
+        let in_order = slot == pos && slot <= self.high_water && slot < self.identity.len();
+        if self.slot_pos.is_some() || !in_order {
+            let table = self.own_table();
+            if slot >= table.len() {
+                table.resize(slot + 1, usize::MAX);
+            }
+            table[slot] = pos;
+        }
+        self.high_water = self.high_water.max(slot + 1);
     }
 
     /// The slot holding `pos`, if it still holds it.
     fn slot_of(&self, pos: usize) -> Option<usize> {
         let slot = if self.ring { pos % self.slots } else { pos };
-        (slot < self.high_water && self.slot_pos[slot] == pos).then_some(slot)
+        (slot < self.high_water && self.slot_positions()[slot] == pos).then_some(slot)
     }
 
     /// Copies what attention at position `len` needs of `src`'s first `len`
@@ -330,8 +390,7 @@ impl LayerKvCache {
             }
             self.keys.copy_row(slot, &src.keys, from, self.kv_dim);
             self.values.copy_row(slot, &src.values, from, self.kv_dim);
-            self.slot_pos[slot] = pos;
-            self.high_water = self.high_water.max(slot + 1);
+            self.set_slot(slot, pos);
         }
         true
     }
@@ -424,8 +483,10 @@ impl LayerKvCache {
                     .write_rows(start - dropped, dim, rows)
                     .map_err(kernel)?;
             }
-            for (slot, p) in self.slot_pos.iter_mut().enumerate().skip(keep) {
-                *p = if slot < new_len { slot } else { usize::MAX };
+            if let Some(table) = &mut self.slot_pos {
+                for (slot, p) in table.iter_mut().enumerate().skip(keep) {
+                    *p = if slot < new_len { slot } else { usize::MAX };
+                }
             }
             self.high_water = self.high_water.min(new_len);
             return Ok(());
@@ -453,7 +514,7 @@ impl LayerKvCache {
             value_bytes.extend_from_slice(self.values.row_bytes(slot, 1, dim));
         }
         rerotate(&mut buf[..moved * dim]);
-        self.slot_pos.fill(usize::MAX);
+        self.own_table().fill(usize::MAX);
         let (key_row, value_row) = (self.keys.kind.bytes(dim), self.values.kind.bytes(dim));
         let (mut next, mut unmoved) = (0, 0);
         for (i, &(_, old, new)) in moves.iter().enumerate() {
@@ -469,7 +530,7 @@ impl LayerKvCache {
             }
             let bytes = &value_bytes[i * value_row..(i + 1) * value_row];
             self.values.put_row_bytes(slot, dim, bytes);
-            self.slot_pos[slot] = new;
+            self.set_slot(slot, new);
         }
         Ok(())
     }
@@ -509,8 +570,7 @@ impl LayerKv for LayerKvCache {
             self.values
                 .write_row(slot, self.kv_dim, &v[row])
                 .map_err(kernel)?;
-            self.slot_pos[slot] = pos;
-            self.high_water = self.high_water.max(slot + 1);
+            self.set_slot(slot, pos);
         }
         Ok(())
     }
@@ -524,11 +584,31 @@ impl LayerKv for LayerKvCache {
     }
 
     fn slot_positions(&self) -> &[usize] {
-        &self.slot_pos[..self.high_water]
+        let table = self.slot_pos.as_deref().unwrap_or(&self.identity);
+        &table[..self.high_water.min(table.len())]
     }
 
     fn rotation(&self) -> KvRotation {
         self.rotation
+    }
+
+    fn pager(&self) -> Option<&dyn KvPager> {
+        let file_backed = |b: &Bytes| b.file_span(0).is_some();
+        (file_backed(&self.keys.bytes) || file_backed(&self.values.bytes)).then_some(self)
+    }
+}
+
+/// Attention's passes over a file-backed layer drop the rows they went past.
+impl KvPager for LayerKvCache {
+    fn passed(&self, part: KvPart, slots: std::ops::Range<usize>) {
+        let store = match part {
+            KvPart::Keys => &self.keys,
+            KvPart::Values => &self.values,
+        };
+        let bytes = |slot: usize| store.kind.bytes(slot * self.kv_dim);
+        store
+            .bytes
+            .release_range(bytes(slots.start)..bytes(slots.end));
     }
 }
 
@@ -570,11 +650,72 @@ fn open_cache_file(path: Option<&Path>) -> std::io::Result<std::fs::File> {
     Ok(file)
 }
 
+/// One layer of a file-backed cache as the weight engine handles it: where
+/// its written keys and values are in the cache's file (read ahead from the
+/// descriptor, as a streamed weight item is) and the same bytes as mapped
+/// (dropped from the process once the layer ran).
+pub struct LayerPages<'a> {
+    file: &'a Arc<File>,
+    /// (offset, length) in the file of the keys and of the values.
+    spans: [(u64, u64); 2],
+    /// The stores and their written lengths.
+    stores: [(&'a Bytes, usize); 2],
+}
+
+impl LayerPages<'_> {
+    /// Bytes of keys and values written so far.
+    pub fn bytes(&self) -> u64 {
+        self.spans.iter().map(|&(_, len)| len).sum()
+    }
+
+    /// A request to read these bytes ahead that owns what it needs (the
+    /// file stays open while it waits in a queue).
+    pub fn ahead(&self) -> PagesAhead {
+        PagesAhead {
+            file: self.file.clone(),
+            spans: self.spans,
+        }
+    }
+
+    /// Unmap the pages from the process. They stay in the page cache (and
+    /// are written back to the file), and fault back in on the next touch.
+    pub fn release(self) {
+        for (store, len) in self.stores {
+            store.release(len);
+        }
+    }
+}
+
+/// Bytes of a file-backed layer to bring into the page cache ahead of use.
+#[derive(Debug)]
+pub struct PagesAhead {
+    file: Arc<File>,
+    spans: [(u64, u64); 2],
+}
+
+impl PagesAhead {
+    /// Ask the system to start reading the bytes in; returns at once.
+    pub fn start(&self) {
+        for &(offset, len) in &self.spans {
+            if len > 0 {
+                crate::memory::will_need(&self.file, offset, len);
+            }
+        }
+    }
+
+    /// Bytes asked for.
+    pub fn bytes(&self) -> u64 {
+        self.spans.iter().map(|&(_, len)| len).sum()
+    }
+}
+
 /// The cache of one sequence, all layers.
 #[derive(Debug)]
 pub struct KvCache {
     layers: Vec<LayerKvCache>,
     capacity: usize,
+    /// The file a file-backed cache maps (kept open for reading ahead).
+    file: Option<Arc<File>>,
 }
 
 /// Element types of keys and values, and the storage of a new cache.
@@ -655,6 +796,8 @@ impl KvCache {
                 bytes: data,
             }
         };
+        let identity: Arc<[usize]> =
+            (0..shape.iter().map(|&(n, _)| n).max().unwrap_or(0)).collect();
         let layers = shape
             .iter()
             .zip(&sizes)
@@ -668,7 +811,8 @@ impl KvCache {
                 max_position: ctx,
                 keys: store(layout.keys, slots * kv_dim, kb),
                 values: store(layout.values, slots * kv_dim, vb),
-                slot_pos: vec![usize::MAX; slots],
+                slot_pos: None,
+                identity: identity.clone(),
                 high_water: 0,
                 rotation,
             })
@@ -676,6 +820,7 @@ impl KvCache {
         KvCache {
             layers,
             capacity: ctx,
+            file: file.map(Arc::new),
         }
     }
 
@@ -772,31 +917,27 @@ impl KvCache {
                 .all(|(dst, src)| dst.copy_prefix_from(src, len))
     }
 
-    /// A file-backed cache: unmap layer `il`'s pages (they stay in the page
-    /// cache and the file). Nothing for anonymous memory.
-    pub fn release_layer(&self, il: usize) {
-        if let Some(l) = self.layers.get(il) {
-            let (k, v) = l.used_bytes();
-            l.keys.bytes.release(k);
-            l.values.bytes.release(v);
-        }
-    }
-
-    /// A file-backed cache: start reading layer `il`'s written pages in.
-    pub fn prefetch_layer(&self, il: usize) {
-        if let Some(l) = self.layers.get(il) {
-            let (k, v) = l.used_bytes();
-            l.keys.bytes.prefetch(k);
-            l.values.bytes.prefetch(v);
-        }
+    /// Layer `il`'s written bytes, when the cache lives in a file: what the
+    /// weight engine reads ahead and releases. `None` for anonymous memory
+    /// (and layers without a cache).
+    pub fn layer_pages(&self, il: usize) -> Option<LayerPages<'_>> {
+        let l = self.layers.get(il)?;
+        let file = self.file.as_ref()?;
+        let (k, v) = l.used_bytes();
+        let keys = l.keys.bytes.file_span(k)?;
+        let values = l.values.bytes.file_span(v)?;
+        Some(LayerPages {
+            file,
+            spans: [keys, values],
+            stores: [(&l.keys.bytes, k), (&l.values.bytes, v)],
+        })
     }
 
     /// Whether the cache lives in a file mapping.
     pub fn is_file_backed(&self) -> bool {
-        self.layers.iter().any(|l| {
-            matches!(l.keys.bytes, Bytes::Mapped { file: true, .. })
-                || matches!(l.values.bytes, Bytes::Mapped { file: true, .. })
-        })
+        self.layers
+            .iter()
+            .any(|l| l.keys.bytes.file_span(0).is_some() || l.values.bytes.file_span(0).is_some())
     }
 }
 
@@ -847,7 +988,8 @@ mod shift_tests {
             max_position: 4096,
             keys: store(kind),
             values: store(kind),
-            slot_pos: vec![usize::MAX; slots],
+            slot_pos: None,
+            identity: (0..slots).collect(),
             high_water: 0,
             rotation: KvRotation::for_cache(HEAD_DIM, kind.is_block(), kind.is_block()),
         }

@@ -60,7 +60,9 @@ pub use options::{
 pub use speculative::{DraftState, ProposerKind, Speculation, SpeculativeStats};
 
 // What a loaded model reports about itself.
-pub use kv_cache::{KvBacking, KvCache, KvLayout, LayerKvCache, ShiftRefusal};
+pub use kv_cache::{
+    KvBacking, KvCache, KvLayout, LayerKvCache, LayerPages, PagesAhead, ShiftRefusal,
+};
 pub use layer_range::LayerSelection;
 pub use profiler::{ExpertStats, LayerTimes, MemorySample, Profiler};
 pub use residency::{FALLBACK_CONTEXT, MemoryPlan, ResidencyPlan, context_size};

@@ -67,6 +67,39 @@ pub fn mapped_file_rss(path: &std::path::Path) -> Option<u64> {
     Some(total)
 }
 
+/// Ask the system to start reading `file[offset .. offset + len]` into the
+/// page cache; returns at once (advisory: nothing where unsupported).
+#[cfg(target_os = "linux")]
+pub(crate) fn will_need(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an advisory call on a descriptor owned by `file`.
+    unsafe {
+        libc::posix_fadvise(
+            file.as_raw_fd(),
+            offset as libc::off_t,
+            len as libc::off_t,
+            libc::POSIX_FADV_WILLNEED,
+        );
+    }
+}
+
+/// See the Linux variant.
+#[cfg(target_os = "macos")]
+pub(crate) fn will_need(file: &std::fs::File, offset: u64, len: u64) {
+    use std::os::fd::AsRawFd;
+    let advice = libc::radvisory {
+        ra_offset: offset as libc::off_t,
+        ra_count: len.min(i32::MAX as u64) as libc::c_int,
+    };
+    // SAFETY: fcntl(F_RDADVISE) reads one `radvisory` through the pointer,
+    // which points to a live local.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_RDADVISE, &advice) };
+}
+
+/// See the Linux variant.
+#[cfg(not(any(target_os = "linux", target_os = "macos")))]
+pub(crate) fn will_need(_file: &std::fs::File, _offset: u64, _len: u64) {}
+
 /// The system page size.
 pub fn page_size() -> usize {
     // SAFETY: sysconf has no preconditions.

@@ -43,6 +43,10 @@ pub struct LayerTimes {
     pub expert_ahead_used: u64,
     /// Experts read ahead for this layer that its router did not choose.
     pub expert_ahead_wasted: u64,
+    /// Bytes of a file-backed KV cache this layer used and then released
+    /// (stream and capped modes: read back from the page cache or the
+    /// file at the next step).
+    pub kv_bytes_paged: u64,
 }
 
 /// What the routed experts of a streamed mixture-of-experts model cost:
@@ -205,6 +209,14 @@ impl Profiler {
     pub fn record_bytes_acquired(&mut self, layer: usize, bytes: u64) {
         if let Some(l) = self.layers.get_mut(layer) {
             l.bytes_acquired += bytes;
+        }
+    }
+
+    /// Bytes of a file-backed KV cache layer `layer` used and released
+    /// (counted even when timings are off).
+    pub fn record_kv_bytes_paged(&mut self, layer: usize, bytes: u64) {
+        if let Some(l) = self.layers.get_mut(layer) {
+            l.kv_bytes_paged += bytes;
         }
     }
 

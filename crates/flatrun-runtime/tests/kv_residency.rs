@@ -171,11 +171,27 @@ fn same_contents(a: &mut KvCache, b: &mut KvCache, cfg: &ModelConfig, positions:
             b.layer_mut(il).unwrap().write(&[pos], &k, &v).unwrap();
         }
         // Streamed caches drop a layer's pages after use; the data stays.
-        a.release_layer(il);
-        b.release_layer(il);
+        for cache in [&*a, &*b] {
+            if let Some(pages) = cache.layer_pages(il) {
+                assert!(pages.bytes() > 0);
+                pages.release();
+            }
+        }
+    }
+    // What the engine pages is exactly what was written.
+    for cache in [&*a, &*b] {
+        let paged: Option<u64> = (0..cfg.n_layer)
+            .map(|il| cache.layer_pages(il).map(|p| p.bytes()))
+            .sum();
+        if let Some(paged) = paged {
+            assert!(cache.is_file_backed());
+            assert_eq!(paged as usize, cache.used_bytes());
+        }
     }
     for il in 0..cfg.n_layer {
-        a.prefetch_layer(il);
+        if let Some(pages) = a.layer_pages(il) {
+            pages.ahead().start();
+        }
         let (la, lb) = (a.layer_mut(il).unwrap(), b.layer_mut(il).unwrap());
         assert_eq!(la.slot_positions(), lb.slot_positions());
         assert_eq!(format!("{:?}", la.keys()), format!("{:?}", lb.keys()));

@@ -6,6 +6,14 @@
 //! blocks and each score is an integer dot product per block, scaled by the
 //! two blocks' scales; an online softmax; quantized values decoded a row at
 //! a time into the weighted sum. No cache row is ever converted as a whole.
+//!
+//! A cache whose rows live in a file mapping (a streamed KV cache) passes a
+//! [`KvPager`] ([`attention_paged`]): every pass over its keys or values
+//! tells it, in runs of [`PAGED_RUN_SLOTS`] slots, which rows it has gone
+//! past, so their pages can leave the process while the pass goes on, and a
+//! tile's scores are kept for fewer query positions at a time
+//! ([`PAGED_SCORE_BYTES`]). The resident set then stays flat as the context
+//! grows. Only memory depends on it: every number is the same.
 
 use std::cell::RefCell;
 
@@ -25,6 +33,69 @@ pub enum KvSlice<'a> {
     Q8_0(&'a [u8]),
     /// ggml Q4_0 blocks (f16 scale, 32 × 4-bit), 18 bytes per 32 values.
     Q4_0(&'a [u8]),
+}
+
+/// Which half of a cache's rows a pass has gone past.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPart {
+    Keys,
+    Values,
+}
+
+/// A cache whose rows live in a file mapping: told which slots a pass over
+/// its keys or values has gone past. It may drop their pages; a row read
+/// again later (by another query's pass) faults back in.
+pub trait KvPager: Sync {
+    /// The pass will not read rows `slots` of `part` again.
+    fn passed(&self, part: KvPart, slots: std::ops::Range<usize>);
+}
+
+/// Slots a pass goes over before it tells the pager (at 256 f16 values a
+/// row, 256 KiB of rows).
+pub const PAGED_RUN_SLOTS: usize = 512;
+
+/// A paged cache's tiles keep scores (and slot numbers) for at most about
+/// this many bytes per thread, whatever the context: fewer query positions
+/// per tile as the context grows, one at least.
+pub const PAGED_SCORE_BYTES: usize = 1 << 20;
+
+/// The rows a pass has gone past, handed to the pager in runs.
+struct Behind<'p> {
+    pager: Option<&'p dyn KvPager>,
+    part: KvPart,
+    /// The first slot not handed over yet.
+    from: usize,
+}
+
+impl<'p> Behind<'p> {
+    fn new(pager: Option<&'p dyn KvPager>, part: KvPart) -> Self {
+        Behind {
+            pager,
+            part,
+            from: 0,
+        }
+    }
+
+    /// The pass is at `slot` (it will read no slot below it again).
+    #[inline]
+    fn reach(&mut self, slot: usize) {
+        if let Some(p) = self.pager
+            && slot >= self.from + PAGED_RUN_SLOTS
+        {
+            p.passed(self.part, self.from..slot);
+            self.from = slot;
+        }
+    }
+
+    /// The pass is over: slots below `end` go.
+    fn finish(&mut self, end: usize) {
+        if let Some(p) = self.pager
+            && end > self.from
+        {
+            p.passed(self.part, self.from..end);
+            self.from = end;
+        }
+    }
 }
 
 /// Bytes of one Q8_0 block.
@@ -233,6 +304,8 @@ struct OnlineHead<'a, F: Fn(usize) -> usize> {
     cfg: &'a AttnConfig,
     /// The head's learned sink logit (gpt-oss), joined after the keys.
     sink: Option<f32>,
+    /// A paged cache's pager (keys and values are read in one pass).
+    pager: Option<&'a dyn KvPager>,
 }
 
 impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
@@ -265,7 +338,11 @@ impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
         let round = |x: f32| if half { f16::from_f32(x).to_f32() } else { x };
         let (mut max, mut sum) = (f32::NEG_INFINITY, 0f32);
         o.fill(0.0);
+        let mut keys = Behind::new(self.pager, KvPart::Keys);
+        let mut values = Behind::new(self.pager, KvPart::Values);
         for &j in slots {
+            keys.reach(j);
+            values.reach(j);
             let off = (self.offset)(j);
             let qk = match self.k {
                 KvSlice::Q8_0(_) | KvSlice::Q4_0(_) => {
@@ -294,6 +371,9 @@ impl<F: Fn(usize) -> usize> OnlineHead<'_, F> {
             }
             sum = sum.mul_add(ms, vs);
         }
+        let end = slots.last().map_or(0, |&j| j + 1);
+        keys.finish(end);
+        values.finish(end);
         // The sink is one more score with no value (in f32 whatever the values' type).
         if let Some(sink) = self.sink {
             let (mut ms, mut vs) = (1f32, 1f32);
@@ -1193,7 +1273,25 @@ pub fn attention_with_sinks(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    attend(q, q_pos, k, v, key_pos, cfg, sinks, out, true)
+    attend(q, q_pos, k, v, key_pos, cfg, sinks, None, out, true)
+}
+
+/// [`attention_with_sinks`] over a cache whose rows live in a file mapping:
+/// `pager` hears which rows each pass has gone past (see the module's
+/// documentation). The same numbers.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_paged(
+    q: &[f32],
+    q_pos: &[usize],
+    k: KvSlice,
+    v: KvSlice,
+    key_pos: &[usize],
+    cfg: &AttnConfig,
+    sinks: Option<&[f32]>,
+    pager: &dyn KvPager,
+    out: &mut [f32],
+) {
+    attend(q, q_pos, k, v, key_pos, cfg, sinks, Some(pager), out, true)
 }
 
 /// [`attention_with_sinks`]; `tiled` lets several queries over an f16 or
@@ -1207,6 +1305,7 @@ fn attend(
     key_pos: &[usize],
     cfg: &AttnConfig,
     sinks: Option<&[f32]>,
+    pager: Option<&dyn KvPager>,
     out: &mut [f32],
     tiled: bool,
 ) {
@@ -1286,30 +1385,42 @@ fn attend(
                     offset: |j| j * kv_stride + kvh * hd,
                     cfg,
                     sink: sinks.and_then(|s| s.get(h)).copied(),
+                    pager,
                 };
                 head.run(slots, row, o);
                 return;
             }
-            // Scores: scale · q·k, soft-capped if asked.
+            // Scores: scale · q·k, soft-capped if asked. A paged cache's
+            // rows are read a run at a time, the pager told after each.
             scores.clear();
             let mut max = f32::NEG_INFINITY;
+            let run = if pager.is_some() {
+                PAGED_RUN_SLOTS
+            } else {
+                usize::MAX
+            };
+            let end = slots.last().map_or(0, |&j| j + 1);
+            let mut keys_behind = Behind::new(pager, KvPart::Keys);
             #[cfg(target_arch = "x86_64")]
             if let (true, KvSlice::F16(ks)) = (fused && hd.is_multiple_of(order.lanes()), k) {
                 scores.resize(slots.len(), 0.0);
-                // SAFETY: `fused` saw AVX2, FMA and F16C; the head dim is whole
-                // runs of the order's lanes; every slot's key row is in the cache.
-                unsafe {
-                    fused_f16::slot_dots(
-                        ks,
-                        kv_stride,
-                        kvh * hd,
-                        hd,
-                        order.lanes(),
-                        slots,
-                        qv,
-                        scores,
-                    )
-                };
+                for (piece, out) in slots.chunks(run).zip(scores.chunks_mut(run)) {
+                    keys_behind.reach(piece[0]);
+                    // SAFETY: `fused` saw AVX2, FMA and F16C; the head dim is whole
+                    // runs of the order's lanes; every slot's key row is in the cache.
+                    unsafe {
+                        fused_f16::slot_dots(
+                            ks,
+                            kv_stride,
+                            kvh * hd,
+                            hd,
+                            order.lanes(),
+                            piece,
+                            qv,
+                            out,
+                        )
+                    };
+                }
                 for x in scores.iter_mut() {
                     *x *= cfg.scale;
                     if let Some(cap) = cfg.softcap {
@@ -1319,6 +1430,7 @@ fn attend(
                 }
             }
             for &j in slots.iter().skip(scores.len()) {
+                keys_behind.reach(j);
                 let off = j * kv_stride + kvh * hd;
                 let qk = match k {
                     KvSlice::F16(ks) => order.dot_f16(&ks[off..off + hd], qv, row),
@@ -1336,35 +1448,48 @@ fn attend(
                 max = max.max(x);
                 scores.push(x);
             }
+            keys_behind.finish(end);
             let sink = sinks.and_then(|s| s.get(h)).copied();
             let inv = softmax_weights(slots, scores, max, sink);
             VALUE_LANES.with(|cell| {
                 let mut acc = cell.borrow_mut();
                 acc.clear();
                 acc.resize(order.lanes() * hd, 0.0);
+                // Runs of a multiple of 64 slots: the value kernels' blocks of
+                // 64 fall where they fall over the whole list.
+                let mut values_behind = Behind::new(pager, KvPart::Values);
+                let pieces = slots.chunks(run).zip(scores.chunks(run));
                 #[cfg(target_arch = "x86_64")]
                 if let (true, KvSlice::F16(vs)) = (fused, v) {
-                    // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that is a
-                    // multiple of 8; `acc` holds `lanes × hd` sums; every slot's
-                    // value row is in the cache.
-                    unsafe {
-                        fused_f16::weigh_values_f16(
-                            vs,
-                            kv_stride,
-                            kvh * hd,
-                            hd,
-                            order.lanes(),
-                            slots,
-                            scores,
-                            inv,
-                            &mut acc,
-                        )
-                    };
+                    for (piece, weights) in pieces {
+                        values_behind.reach(piece[0]);
+                        // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that
+                        // is a multiple of 8; `acc` holds `lanes × hd` sums; every
+                        // slot's value row is in the cache.
+                        unsafe {
+                            fused_f16::weigh_values_f16(
+                                vs,
+                                kv_stride,
+                                kvh * hd,
+                                hd,
+                                order.lanes(),
+                                piece,
+                                weights,
+                                inv,
+                                &mut acc,
+                            )
+                        };
+                    }
+                    values_behind.finish(end);
                     order.reduce_lanes(&acc, o);
                     return;
                 }
                 let off = |j: usize| j * kv_stride + kvh * hd;
-                weigh_values(&v, order.lanes(), slots, scores, inv, off, &mut acc, row);
+                for (piece, weights) in pieces {
+                    values_behind.reach(piece[0]);
+                    weigh_values(&v, order.lanes(), piece, weights, inv, off, &mut acc, row);
+                }
+                values_behind.finish(end);
                 order.reduce_lanes(&acc, o);
             });
         });
@@ -1375,7 +1500,19 @@ fn attend(
     // together too, when there are KV heads enough to keep every thread busy.
     let grouped_decode = group > 1 && cfg.n_kv_head >= crate::threads::threads();
     if tiled && !blocks && (n_q >= 2 || grouped_decode) {
+        // A paged cache's tiles: as many positions as keep a thread's
+        // scores and slot numbers within the budget.
+        let tile_queries = match pager {
+            None => TILE_QUERIES,
+            Some(_) => {
+                let per_position =
+                    written_slots.len().max(1) * group * (size_of::<f32>() + size_of::<usize>());
+                (PAGED_SCORE_BYTES / per_position).clamp(1, TILE_QUERIES)
+            }
+        };
         let tiles = Tiles {
+            pager,
+            tile_queries,
             q,
             q_pos,
             k: &k,
@@ -1520,6 +1657,10 @@ struct Tiles<'a> {
     out: OutPtr,
     /// The fused f16 kernels apply: an AVX2 host and a head dim that is a multiple of 8.
     fused: bool,
+    /// A paged cache's pager.
+    pager: Option<&'a dyn KvPager>,
+    /// Query positions per task ([`TILE_QUERIES`], fewer for a paged cache).
+    tile_queries: usize,
 }
 
 /// One query vector of a tile: its index `i · n_head + h`, its visible
@@ -1561,7 +1702,7 @@ thread_local! {
 
 impl Tiles<'_> {
     fn run(&self) {
-        let n_blocks = self.n_q.div_ceil(TILE_QUERIES);
+        let n_blocks = self.n_q.div_ceil(self.tile_queries);
         let n_tasks = self.cfg.n_kv_head * n_blocks;
         let work = self.n_tasks * self.written.len() * self.cfg.head_dim * 2;
         if work < PARALLEL_WORK {
@@ -1573,7 +1714,7 @@ impl Tiles<'_> {
         }
     }
 
-    /// KV head `g` over query positions `block · TILE_QUERIES ..`.
+    /// KV head `g` over query positions `block · tile_queries ..`.
     fn task(&self, g: usize, block: usize) {
         let cfg = self.cfg;
         let hd = cfg.head_dim;
@@ -1596,8 +1737,8 @@ impl Tiles<'_> {
             row.resize(hd, 0.0);
             // The tile's query vectors: the heads reading KV head `g`.
             let mut n = 0;
-            let first = block * TILE_QUERIES;
-            for i in first..(first + TILE_QUERIES).min(self.n_q) {
+            let first = block * self.tile_queries;
+            for i in first..(first + self.tile_queries).min(self.n_q) {
                 for h in 0..cfg.n_head {
                     let index = i * cfg.n_head + h;
                     if (h / self.group).min(cfg.n_kv_head - 1) != g || index >= self.n_tasks {
@@ -1633,7 +1774,10 @@ impl Tiles<'_> {
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (&key_offs, &query_offs, &keys_f32, &values_f32, &spans);
             // Scores, a key tile at a time.
+            let end = self.written.last().map_or(0, |&j| j + 1);
+            let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
             for tile in self.written.chunks(TILE_KEYS) {
+                keys_behind.reach(tile[0]);
                 if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
                     continue;
                 }
@@ -1702,6 +1846,7 @@ impl Tiles<'_> {
                     }
                 }
             }
+            keys_behind.finish(end);
             // Each query's softmax weights.
             for tq in queries.iter_mut() {
                 if tq.slots.is_empty() {
@@ -1718,7 +1863,9 @@ impl Tiles<'_> {
             acc.resize(queries.len() * lanes * hd, 0.0);
             cursor.clear();
             cursor.resize(queries.len(), 0);
+            let mut values_behind = Behind::new(self.pager, KvPart::Values);
             for tile in self.written.chunks(TILE_KEYS) {
+                values_behind.reach(tile[0]);
                 let end = tile[tile.len() - 1];
                 // Consecutive slots on an AVX-512 host: the tile's value rows converted once
                 // for every query vector.
@@ -1848,6 +1995,7 @@ impl Tiles<'_> {
                     );
                 }
             }
+            values_behind.finish(end);
             for (tq, lanes_acc) in queries.iter().zip(acc.chunks_exact(lanes * hd)) {
                 // SAFETY: index < n_tasks ≤ out.len() / hd, and each query
                 // vector belongs to exactly one task (its position's block
@@ -1941,6 +2089,104 @@ mod tests {
     /// sinks, written slots out of position order (a ring) and empty ones,
     /// more slots than one key tile and more queries than one query tile.
     #[test]
+    fn paged_attention_gives_the_same_numbers_and_passes_every_row() {
+        /// Records every run of rows it hears of.
+        #[derive(Default)]
+        struct Recorder(std::sync::Mutex<Vec<(KvPart, std::ops::Range<usize>)>>);
+        impl KvPager for Recorder {
+            fn passed(&self, part: KvPart, slots: std::ops::Range<usize>) {
+                self.0.lock().unwrap().push((part, slots));
+            }
+        }
+        // 2,100 written slots: more than a paged tile keeps scores for at
+        // 8 positions (fewer positions per tile), and several runs per pass.
+        let n_slots = 2100;
+        for (hd, (n_head, n_kv)) in [(64, (12, 2)), (64, (4, 1)), (128, (5, 5))] {
+            let cfg = AttnConfig {
+                n_head,
+                n_kv_head: n_kv,
+                head_dim: hd,
+                scale: 0.125,
+                window: None,
+                softcap: None,
+            };
+            // A ring's rotated order with holes, as a long prompt's cache may hold.
+            let key_pos: Vec<usize> = (0..n_slots)
+                .map(|j| {
+                    if j % 97 == 5 {
+                        usize::MAX
+                    } else {
+                        (j * 7 + 11) % n_slots
+                    }
+                })
+                .collect();
+            let kf = values(n_slots * n_kv * hd, 2);
+            let vf = values(n_slots * n_kv * hd, 3);
+            let kh: Vec<f16> = kf.iter().map(|&x| f16::from_f32(x)).collect();
+            let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
+            let kq = flatrun_dequant::quantize_to_vec(flatrun_format::GgmlType::Q8_0, &kf)
+                .expect("whole blocks");
+            for n_q in [1, 13] {
+                let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
+                let q = values(n_q * n_head * hd, 1);
+                for (k, v) in [
+                    (KvSlice::F16(&kh), KvSlice::F16(&vh)),
+                    (KvSlice::F32(&kf), KvSlice::F32(&vf)),
+                    (KvSlice::Q8_0(&kq), KvSlice::F16(&vh)),
+                ] {
+                    for tiled in [true, false] {
+                        let mut plain = vec![1.0; n_q * n_head * hd];
+                        let mut paged = vec![2.0; n_q * n_head * hd];
+                        let pager = Recorder::default();
+                        attend(
+                            &q, &q_pos, k, v, &key_pos, &cfg, None, None, &mut plain, tiled,
+                        );
+                        attend(
+                            &q,
+                            &q_pos,
+                            k,
+                            v,
+                            &key_pos,
+                            &cfg,
+                            None,
+                            Some(&pager),
+                            &mut paged,
+                            tiled,
+                        );
+                        let what =
+                            format!("{n_head}/{n_kv} heads, {n_q} queries, tiled {tiled}, {k:?}");
+                        assert!(
+                            plain
+                                .iter()
+                                .zip(&paged)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{what}"
+                        );
+                        // Every written row was handed over, keys and values,
+                        // in runs no longer than a pass needs.
+                        let runs = pager.0.into_inner().unwrap();
+                        for part in [KvPart::Keys, KvPart::Values] {
+                            let mut seen = vec![false; n_slots];
+                            for (_, r) in runs.iter().filter(|(p, _)| *p == part) {
+                                seen[r.clone()].iter_mut().for_each(|s| *s = true);
+                            }
+                            let missed = (0..n_slots)
+                                .filter(|&j| key_pos[j] != usize::MAX && !seen[j])
+                                .count();
+                            assert_eq!(missed, 0, "{what}, {part:?}");
+                        }
+                        assert!(
+                            runs.len() >= 4 * n_kv.min(n_head),
+                            "{what}: {} runs",
+                            runs.len()
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn tiled_attention_equals_the_per_query_path() {
         for (hd, ring, (n_head, n_kv)) in [
             (64, true, (14, 2)),
@@ -1990,7 +2236,9 @@ mod tests {
                     ] {
                         let mut tiled = vec![1.0; n_q * n_head * hd];
                         let mut per_query = vec![2.0; n_q * n_head * hd];
-                        attend(&q, &q_pos, k, v, &key_pos, &cfg, sinks, &mut tiled, true);
+                        attend(
+                            &q, &q_pos, k, v, &key_pos, &cfg, sinks, None, &mut tiled, true,
+                        );
                         attend(
                             &q,
                             &q_pos,
@@ -1999,6 +2247,7 @@ mod tests {
                             &key_pos,
                             &cfg,
                             sinks,
+                            None,
                             &mut per_query,
                             false,
                         );

@@ -10,7 +10,10 @@ mod rows;
 mod softmax;
 
 pub use activation::{geglu, gelu_tanh, silu, swiglu, swiglu_oai};
-pub use attention::{AttnConfig, KvSlice, attention, attention_with_sinks};
+pub use attention::{
+    AttnConfig, KvPager, KvPart, KvSlice, PAGED_RUN_SLOTS, PAGED_SCORE_BYTES, attention,
+    attention_paged, attention_with_sinks,
+};
 pub use elementwise::{add, scale};
 pub use hadamard::hadamard;
 pub use norm::{rms_norm, rms_norm_rows};

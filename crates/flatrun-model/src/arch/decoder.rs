@@ -611,16 +611,17 @@ pub(crate) fn attention_core(
         for seg in segments.iter() {
             let r = seg.tokens.clone();
             if let LayerMemory::Kv(kv) = &seg.memory {
-                ops::attention_with_sinks(
-                    &q[r.start * qd..r.end * qd],
-                    &positions[r.clone()],
-                    kv.keys(),
-                    kv.values(),
-                    kv.slot_positions(),
-                    &plan.attn,
-                    sinks,
-                    &mut att[r.start * qd..r.end * qd],
-                );
+                let (q, pos) = (&q[r.start * qd..r.end * qd], &positions[r.clone()]);
+                let (keys, values, slots) = (kv.keys(), kv.values(), kv.slot_positions());
+                let out = &mut att[r.start * qd..r.end * qd];
+                match kv.pager() {
+                    Some(pager) => ops::attention_paged(
+                        q, pos, keys, values, slots, &plan.attn, sinks, pager, out,
+                    ),
+                    None => ops::attention_with_sinks(
+                        q, pos, keys, values, slots, &plan.attn, sinks, out,
+                    ),
+                }
                 // att = H·att (undoes the rotation of the values)
                 if let Some(n) = kv.rotation().values {
                     ops::hadamard(&mut att[r.start * qd..r.end * qd], n);

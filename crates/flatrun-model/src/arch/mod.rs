@@ -40,7 +40,7 @@ use crate::config::{Activation, GgufKeys, HfKeys, ModelConfig, RopeLayout};
 use crate::error::{ModelError, Result};
 use delta_net::DeltaNetState;
 use flatrun_format::HfNaming;
-use flatrun_kernels::ops::KvSlice;
+use flatrun_kernels::ops::{KvPager, KvSlice};
 use flatrun_kernels::{Kernels, Weight};
 use std::ops::Range;
 
@@ -273,6 +273,12 @@ pub trait LayerKv {
     /// The rotation the cache's rows are stored under.
     fn rotation(&self) -> KvRotation {
         KvRotation::NONE
+    }
+    /// A cache whose rows live in a file mapping: what attention tells
+    /// which rows it has gone past (see [`KvPager`]). `None`: rows in
+    /// memory.
+    fn pager(&self) -> Option<&dyn KvPager> {
+        None
     }
 }
 

@@ -37,6 +37,16 @@
 //! request outside the schedule ([`WeightEngine::read_later`]), and offered to
 //! the expert cache (`experts.rs`), which keeps the experts used most
 //! within what the cap leaves.
+//!
+//! A sequence's KV cache that lives in a file (stream and capped modes) is
+//! one more kind of item, per layer and sequence
+//! ([`crate::kv_cache::LayerPages`]): while a layer runs, the thread asks
+//! the system for the next layer's keys and values from the cache's file
+//! ([`WeightEngine::read_pages_ahead`]) before anything else it has to do,
+//! and once the layer ran its pages leave the process
+//! ([`WeightEngine::release_pages`]). Unlike a weight item the bytes are
+//! written as well as read, so they stay mapped rather than copied into a
+//! buffer: the page cache holds them between layers and writes them back.
 
 pub(crate) mod buffer;
 pub(crate) mod experts;
@@ -48,6 +58,7 @@ mod source;
 pub(crate) use plan::{LayerLayout, WeightPlan};
 pub(crate) use source::CachePolicy;
 
+use crate::kv_cache::{LayerPages, PagesAhead};
 use buffer::AlignedBuffer;
 use flatrun_format::StorageBackend;
 use readers::{PendingRead, Readers};
@@ -155,6 +166,8 @@ struct Window {
     ready: Vec<(u64, Fetched)>,
     /// Per kept item.
     warmth: Vec<Warmth>,
+    /// File-backed layer memory to ask the system for, oldest first.
+    pages: Vec<PagesAhead>,
 }
 
 struct Shared {
@@ -360,6 +373,7 @@ impl WeightEngine {
                 free,
                 ready: Vec::new(),
                 warmth: vec![Warmth::Cold; kept.len()],
+                pages: Vec::new(),
             }),
             changed: Condvar::new(),
         });
@@ -446,6 +460,30 @@ impl WeightEngine {
             .submit(spans)
     }
 
+    /// Read a layer's file-backed memory ahead of its use (a streamed KV
+    /// cache's keys and values): the read-ahead thread asks the system for
+    /// it before its next read, or this call does when there is no thread.
+    /// Returns at once, with the bytes asked for.
+    pub(crate) fn read_pages_ahead(&self, pages: PagesAhead) -> u64 {
+        let bytes = pages.bytes();
+        if self.worker.is_some() {
+            self.shared.lock().pages.push(pages);
+            self.shared.changed.notify_all();
+        } else {
+            pages.start();
+        }
+        bytes
+    }
+
+    /// Done with a layer's file-backed memory for this step: its pages
+    /// leave the process (the page cache and the file keep the bytes).
+    /// Returns the bytes released.
+    pub(crate) fn release_pages(&self, pages: LayerPages<'_>) -> u64 {
+        let bytes = pages.bytes();
+        pages.release();
+        bytes
+    }
+
     /// Take streamed item `item`: wait while the thread reads it (or an item
     /// before it), read it here when the thread is not on it.
     pub(crate) fn acquire(&self, item: usize) -> Result<Lease, FetchError> {
@@ -525,11 +563,13 @@ fn populate_kept(ranges: &[Mapped]) {
 enum Task {
     Read(u64, AlignedBuffer),
     Warm(usize),
+    Pages(Vec<PagesAhead>),
 }
 
-/// The read-ahead thread: keep the `depth` streamed items after the
-/// executor's read; with nothing to read, fault in the cold kept items in
-/// order.
+/// The read-ahead thread: first ask for the layer memory the executor
+/// announced (cheap: the system reads it in the background), then keep the
+/// `depth` streamed items after the executor's read; with nothing to read,
+/// fault in the cold kept items in order.
 fn read_ahead(
     streamed: &[Vec<Span>],
     kept: &[Vec<Mapped>],
@@ -544,6 +584,9 @@ fn read_ahead(
             loop {
                 if w.stop {
                     return;
+                }
+                if !w.pages.is_empty() {
+                    break Task::Pages(std::mem::take(&mut w.pages));
                 }
                 let next = w.done.max(w.at) + 1;
                 if len > 0 && next <= w.at + depth && !w.free.is_empty() {
@@ -577,6 +620,11 @@ fn read_ahead(
             Task::Warm(k) => {
                 populate_kept(&kept[k]);
                 shared.lock().warmth[k] = Warmth::Warm;
+            }
+            Task::Pages(pages) => {
+                for p in &pages {
+                    p.start();
+                }
             }
         }
         shared.changed.notify_all();

@@ -80,7 +80,7 @@ impl ReadFile {
     /// page cache (only under [`CachePolicy::Keep`]; a hint).
     pub(crate) fn will_need(&self, offset: u64, len: u64) {
         if self.policy == CachePolicy::Keep {
-            advise_will_need(&self.file, offset, len);
+            crate::memory::will_need(&self.file, offset, len);
         }
     }
 }
@@ -138,35 +138,6 @@ fn drop_cached(file: &File, offset: u64, len: u64) {
 
 #[cfg(not(target_os = "linux"))]
 fn drop_cached(_file: &File, _offset: u64, _len: u64) {}
-
-#[cfg(target_os = "linux")]
-fn advise_will_need(file: &File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    // SAFETY: an advisory call on a descriptor owned by `file`.
-    unsafe {
-        libc::posix_fadvise(
-            file.as_raw_fd(),
-            offset as libc::off_t,
-            len as libc::off_t,
-            libc::POSIX_FADV_WILLNEED,
-        );
-    }
-}
-
-#[cfg(target_os = "macos")]
-fn advise_will_need(file: &File, offset: u64, len: u64) {
-    use std::os::fd::AsRawFd;
-    let advice = libc::radvisory {
-        ra_offset: offset as libc::off_t,
-        ra_count: len.min(i32::MAX as u64) as libc::c_int,
-    };
-    // SAFETY: fcntl(F_RDADVISE) reads one `radvisory` through the pointer,
-    // which points to a live local.
-    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_RDADVISE, &advice) };
-}
-
-#[cfg(not(any(target_os = "linux", target_os = "macos")))]
-fn advise_will_need(_file: &File, _offset: u64, _len: u64) {}
 
 #[cfg(test)]
 mod tests {
