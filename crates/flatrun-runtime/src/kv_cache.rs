@@ -535,6 +535,12 @@ impl LayerKvCache {
         Ok(())
     }
 
+    /// Whether the keys or the values live in the cache's file (each store
+    /// falls back to anonymous memory when its mapping cannot be made).
+    fn in_file(&self) -> bool {
+        self.keys.bytes.file_span(0).is_some() || self.values.bytes.file_span(0).is_some()
+    }
+
     /// Bytes of the written slots of keys and values.
     fn used_bytes(&self) -> (usize, usize) {
         let n = self.high_water * self.kv_dim;
@@ -593,8 +599,7 @@ impl LayerKv for LayerKvCache {
     }
 
     fn pager(&self) -> Option<&dyn KvPager> {
-        let file_backed = |b: &Bytes| b.file_span(0).is_some();
-        (file_backed(&self.keys.bytes) || file_backed(&self.values.bytes)).then_some(self)
+        self.in_file().then_some(self)
     }
 }
 
@@ -656,24 +661,24 @@ fn open_cache_file(path: Option<&Path>) -> std::io::Result<std::fs::File> {
 /// (dropped from the process once the layer ran).
 pub struct LayerPages<'a> {
     file: &'a Arc<File>,
-    /// (offset, length) in the file of the keys and of the values.
-    spans: [(u64, u64); 2],
-    /// The stores and their written lengths.
+    /// The keys' and the values' stores (both in `file`) and their written
+    /// lengths.
     stores: [(&'a Bytes, usize); 2],
 }
 
 impl LayerPages<'_> {
     /// Bytes of keys and values written so far.
     pub fn bytes(&self) -> u64 {
-        self.spans.iter().map(|&(_, len)| len).sum()
+        self.stores.iter().map(|&(_, len)| len as u64).sum()
     }
 
     /// A request to read these bytes ahead that owns what it needs (the
     /// file stays open while it waits in a queue).
     pub fn ahead(&self) -> PagesAhead {
+        let span = |(store, len): (&Bytes, usize)| store.file_span(len).unwrap_or((0, 0));
         PagesAhead {
             file: self.file.clone(),
-            spans: self.spans,
+            spans: self.stores.map(span),
         }
     }
 
@@ -921,23 +926,18 @@ impl KvCache {
     /// weight engine reads ahead and releases. `None` for anonymous memory
     /// (and layers without a cache).
     pub fn layer_pages(&self, il: usize) -> Option<LayerPages<'_>> {
-        let l = self.layers.get(il)?;
+        let l = self.layers.get(il).filter(|l| l.in_file())?;
         let file = self.file.as_ref()?;
         let (k, v) = l.used_bytes();
-        let keys = l.keys.bytes.file_span(k)?;
-        let values = l.values.bytes.file_span(v)?;
         Some(LayerPages {
             file,
-            spans: [keys, values],
             stores: [(&l.keys.bytes, k), (&l.values.bytes, v)],
         })
     }
 
     /// Whether the cache lives in a file mapping.
     pub fn is_file_backed(&self) -> bool {
-        self.layers
-            .iter()
-            .any(|l| l.keys.bytes.file_span(0).is_some() || l.values.bytes.file_span(0).is_some())
+        self.layers.iter().any(LayerKvCache::in_file)
     }
 }
 
