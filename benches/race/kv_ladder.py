@@ -11,7 +11,7 @@ repeated filler) to
 `flatrun run --ctx 1.25N+64 -n 32`, once per residency (`stream`: weights and KV
 cache streamed, the cache from its file; `resident`: everything in memory,
 the cache in anonymous memory), and prints the peak RSS (`VmHWM`) and the
-decode tokens/s the run reports. With `--llama-bench PATH` it also runs
+prefill and decode tokens/s the run reports. With `--llama-bench PATH` it also runs
 `llama-bench -p 0 -n 32 -d N -ctk T -ctv T` (decode at depth N, the same cache
 type) for llama.cpp's tokens/s beside ours.
 
@@ -45,7 +45,7 @@ def run_flatrun(binary, model, prompt_file, ctx, residency, kv_type):
     if not m:
         sys.exit(f"flatrun failed ({' '.join(cmd)}):\n{text[-2000:]}")
     scale = {"KiB": 1 / 1024, "MiB": 1, "GiB": 1024}[m.group(6)]
-    return int(m.group(1)), float(m.group(4)), float(m.group(5)) * scale
+    return int(m.group(1)), float(m.group(3)), float(m.group(4)), float(m.group(5)) * scale
 
 
 def run_llama(bench, model, depth, kv_type):
@@ -83,8 +83,8 @@ def main():
     rungs = [int(x) for x in a.ctx.split(",")]
     results = {}
     print(f"model {os.path.basename(a.model)}, kv {a.kv_type}")
-    print("| context | residency | prompt tokens | peak RSS MiB | decode tok/s | llama.cpp tok/s |")
-    print("|---:|---|---:|---:|---:|---:|")
+    print("| context | residency | prompt tokens | peak RSS MiB | prefill tok/s | decode tok/s | llama.cpp decode tok/s |")
+    print("|---:|---|---:|---:|---:|---:|---:|")
     for n in rungs:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             if len(text) < n * a.chars_per_token:
@@ -93,10 +93,10 @@ def main():
             prompt = f.name
         llama = run_llama(a.llama_bench, a.model, n, a.kv_type) if a.llama_bench else None
         for r in a.residencies.split(","):
-            tokens, tps, peak = run_flatrun(a.binary, a.model, prompt, n, r, a.kv_type)
+            tokens, prefill, tps, peak = run_flatrun(a.binary, a.model, prompt, n, r, a.kv_type)
             results[(n, r)] = peak
             ll = f"{llama:.2f}" if llama else "-"
-            print(f"| {n} | {r} | {tokens} | {peak:.1f} | {tps:.2f} | {ll} |", flush=True)
+            print(f"| {n} | {r} | {tokens} | {peak:.1f} | {prefill:.1f} | {tps:.2f} | {ll} |", flush=True)
         os.unlink(prompt)
     for r in a.residencies.split(","):
         first, last = results[(rungs[0], r)], results[(rungs[-1], r)]

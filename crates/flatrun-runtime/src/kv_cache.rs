@@ -78,6 +78,12 @@ impl Bytes {
                 .len(len)
                 .map_mut(file)?
         };
+        // A page-cache folio that a huge page can map would come in whole
+        // (2 MiB) at a touch of one row, and rows past the written ones
+        // would stay mapped: pages come in 4 KiB at a time instead. Only
+        // memory is at stake, so a kernel without the advice is no error.
+        #[cfg(target_os = "linux")]
+        let _ = map.advise(memmap2::Advice::NoHugePage);
         Ok(Bytes::Mapped {
             map,
             file_offset: Some(offset),
@@ -685,8 +691,11 @@ impl LayerPages<'_> {
     /// Unmap the pages from the process. They stay in the page cache (and
     /// are written back to the file), and fault back in on the next touch.
     pub fn release(self) {
-        for (store, len) in self.stores {
-            store.release(len);
+        // The whole mapping, not just the rows written when this was taken:
+        // the rows the layer wrote since, and pages mapped around the last
+        // ones, go too.
+        for (store, _) in self.stores {
+            store.release(usize::MAX);
         }
     }
 }

@@ -677,9 +677,10 @@ mod fused_f16 {
 
     /// [`tile_dots_lanes8`] over keys converted by [`key_quads_f32`] (`kq`): each 512-bit
     /// accumulator holds two keys' eight lanes, so one FMA does two keys' steps, with no
-    /// conversion in the loop; each lane's FMAs and the reduction are `dot_lanes8`'s (the
-    /// same bits). Keys past the last whole quad and an odd last query vector go through
-    /// `dot_lanes8` on the f16 rows, as in `tile_dots_lanes8`.
+    /// conversion in the loop; four query vectors at a time (two, then one, at the end)
+    /// keep eight accumulators, so eight chains of FMAs are in flight. Each lane's FMAs
+    /// and the reduction are `dot_lanes8`'s (the same bits). Keys past the last whole
+    /// quad go through `dot_lanes8` on the f16 rows, as in `tile_dots_lanes8`.
     ///
     /// # Safety
     /// As [`tile_dots_lanes8`], with AVX-512 F, and `kq` from `key_quads_f32(k, offs, hd, _)`.
@@ -697,62 +698,92 @@ mod fused_f16 {
         // spans `4·hd` values of `kq`, every row and query read spans `hd` values from a
         // listed offset, and every write is inside `out`.
         unsafe {
-            let (kp, qp, cp) = (k.as_ptr(), q.as_ptr(), kq.as_ptr());
+            let kp = k.as_ptr();
             let nk = offs.len();
-            let pairs = qoffs.len() / 2 * 2;
             let quads = nk / 4;
-            // Eight query values in both halves of a 512-bit register (a load, no shuffle).
-            let both = |p: *const f32| {
-                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64)))
-            };
-            for a in (0..pairs).step_by(2) {
-                let (q0, q1) = (qp.add(qoffs[a]), qp.add(qoffs[a + 1]));
+            let mut a = 0;
+            while a < qoffs.len() {
+                let take = match qoffs.len() - a {
+                    1 => 1,
+                    2 | 3 => 2,
+                    _ => 4,
+                };
                 for quad in 0..quads {
-                    let base = cp.add(quad * 4 * hd);
-                    // [q0 × keys 0, 1 | q0 × keys 2, 3 | q1 × keys 0, 1 | q1 × keys 2, 3].
-                    let mut acc = [_mm512_setzero_ps(); 4];
-                    for i in (0..hd).step_by(8) {
-                        let (x0, x1) = (both(q0.add(i)), both(q1.add(i)));
-                        let k01 = _mm512_loadu_ps(base.add(4 * i));
-                        let k23 = _mm512_loadu_ps(base.add(4 * i + 16));
-                        acc[0] = _mm512_fmadd_ps(k01, x0, acc[0]);
-                        acc[1] = _mm512_fmadd_ps(k23, x0, acc[1]);
-                        acc[2] = _mm512_fmadd_ps(k01, x1, acc[2]);
-                        acc[3] = _mm512_fmadd_ps(k23, x1, acc[3]);
-                    }
-                    let lo = |v: __m512| _mm512_castps512_ps256(v);
-                    let hi = |v: __m512| {
-                        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
-                    };
-                    let sums = reduce8x8([
-                        lo(acc[0]),
-                        hi(acc[0]),
-                        lo(acc[1]),
-                        hi(acc[1]),
-                        lo(acc[2]),
-                        hi(acc[2]),
-                        lo(acc[3]),
-                        hi(acc[3]),
-                    ]);
-                    let b = 4 * quad;
-                    for c in 0..4 {
-                        *out.get_unchecked_mut(a * nk + b + c) = sums[c];
-                        *out.get_unchecked_mut((a + 1) * nk + b + c) = sums[4 + c];
+                    match take {
+                        4 => quad_dots::<4, 8>(kq, q, &qoffs[a..], hd, nk, quad, a, out),
+                        2 => quad_dots::<2, 4>(kq, q, &qoffs[a..], hd, nk, quad, a, out),
+                        _ => quad_dots::<1, 2>(kq, q, &qoffs[a..], hd, nk, quad, a, out),
                     }
                 }
                 for (b, &o) in offs.iter().enumerate().skip(4 * quads) {
                     let row = std::slice::from_raw_parts(kp.add(o), hd);
-                    for (a, qv) in [(a, q0), (a + 1, q1)] {
-                        let qv = std::slice::from_raw_parts(qv, hd);
-                        *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+                    for (c, &qo) in qoffs[a..a + take].iter().enumerate() {
+                        let qv = std::slice::from_raw_parts(q.as_ptr().add(qo), hd);
+                        *out.get_unchecked_mut((a + c) * nk + b) = dot_lanes8(row, qv);
                     }
                 }
+                a += take;
             }
-            for (a, &qo) in qoffs.iter().enumerate().skip(pairs) {
-                let qv = std::slice::from_raw_parts(qp.add(qo), hd);
-                for (b, &o) in offs.iter().enumerate() {
-                    let row = std::slice::from_raw_parts(kp.add(o), hd);
-                    *out.get_unchecked_mut(a * nk + b) = dot_lanes8(row, qv);
+        }
+    }
+
+    /// The scores of `N` query vectors (`qoffs[..N]`, rows `a ..` of `out`) with
+    /// converted key quad `quad` of [`tile_dots_lanes8_f32`]; `A = 2N` accumulators:
+    /// for query `i`, `acc[2i]` holds keys 0 and 1, `acc[2i + 1]` keys 2 and 3.
+    ///
+    /// # Safety
+    /// As [`tile_dots_lanes8_f32`], with `N ≤ qoffs.len()` and `A == 2N`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c,avx512f")]
+    unsafe fn quad_dots<const N: usize, const A: usize>(
+        kq: &[f32],
+        q: &[f32],
+        qoffs: &[usize],
+        hd: usize,
+        nk: usize,
+        quad: usize,
+        a: usize,
+        out: &mut [f32],
+    ) {
+        // SAFETY: as the caller's: the quad spans `4·hd` values of `kq`, each query `hd`
+        // values of `q` from its offset, and the writes rows `a .. a + N` of `out`.
+        unsafe {
+            // Eight query values in both halves of a 512-bit register (a load, no shuffle).
+            let both = |p: *const f32| {
+                _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_loadu_pd(p as *const f64)))
+            };
+            let qv: [*const f32; N] = std::array::from_fn(|i| q.as_ptr().add(qoffs[i]));
+            let base = kq.as_ptr().add(quad * 4 * hd);
+            let mut acc = [_mm512_setzero_ps(); A];
+            for i in (0..hd).step_by(8) {
+                let k01 = _mm512_loadu_ps(base.add(4 * i));
+                let k23 = _mm512_loadu_ps(base.add(4 * i + 16));
+                for (n, &p) in qv.iter().enumerate() {
+                    let x = both(p.add(i));
+                    acc[2 * n] = _mm512_fmadd_ps(k01, x, acc[2 * n]);
+                    acc[2 * n + 1] = _mm512_fmadd_ps(k23, x, acc[2 * n + 1]);
+                }
+            }
+            let lo = |v: __m512| _mm512_castps512_ps256(v);
+            let hi = |v: __m512| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+            let b = 4 * quad;
+            // Two query vectors per reduction of eight sums.
+            for pair in 0..N.div_ceil(2) {
+                let (i0, i1) = (2 * pair, (2 * pair + 1).min(N - 1));
+                let sums = reduce8x8([
+                    lo(acc[2 * i0]),
+                    hi(acc[2 * i0]),
+                    lo(acc[2 * i0 + 1]),
+                    hi(acc[2 * i0 + 1]),
+                    lo(acc[2 * i1]),
+                    hi(acc[2 * i1]),
+                    lo(acc[2 * i1 + 1]),
+                    hi(acc[2 * i1 + 1]),
+                ]);
+                for c in 0..4 {
+                    *out.get_unchecked_mut((a + i0) * nk + b + c) = sums[c];
+                    *out.get_unchecked_mut((a + i1) * nk + b + c) = sums[4 + c];
                 }
             }
         }
@@ -1273,7 +1304,18 @@ pub fn attention_with_sinks(
     sinks: Option<&[f32]>,
     out: &mut [f32],
 ) {
-    attend(q, q_pos, k, v, key_pos, cfg, sinks, None, out, true)
+    attend(
+        q,
+        q_pos,
+        k,
+        v,
+        key_pos,
+        cfg,
+        sinks,
+        None,
+        out,
+        Route::DEFAULT,
+    )
 }
 
 /// [`attention_with_sinks`] over a cache whose rows live in a file mapping:
@@ -1291,11 +1333,37 @@ pub fn attention_paged(
     pager: &dyn KvPager,
     out: &mut [f32],
 ) {
-    attend(q, q_pos, k, v, key_pos, cfg, sinks, Some(pager), out, true)
+    attend(
+        q,
+        q_pos,
+        k,
+        v,
+        key_pos,
+        cfg,
+        sinks,
+        Some(pager),
+        out,
+        Route::DEFAULT,
+    )
 }
 
-/// [`attention_with_sinks`]; `tiled` lets several queries over an f16 or
-/// f32 cache take the tiled path (the same numbers).
+/// Which of [`attend`]'s paths may run; every one gives the same numbers.
+#[derive(Clone, Copy)]
+struct Route {
+    /// Several queries over an f16 or f32 cache may take the tiled path.
+    tiled: bool,
+    /// A paged cache's tiles keep scores for at most this many bytes.
+    score_bytes: usize,
+}
+
+impl Route {
+    const DEFAULT: Route = Route {
+        tiled: true,
+        score_bytes: PAGED_SCORE_BYTES,
+    };
+}
+
+/// [`attention_with_sinks`] by `route`.
 #[allow(clippy::too_many_arguments)]
 fn attend(
     q: &[f32],
@@ -1307,7 +1375,7 @@ fn attend(
     sinks: Option<&[f32]>,
     pager: Option<&dyn KvPager>,
     out: &mut [f32],
-    tiled: bool,
+    route: Route,
 ) {
     let hd = cfg.head_dim;
     // Block-quantized rows must hold whole heads.
@@ -1499,20 +1567,32 @@ fn attend(
     // A decode step's query heads that share a KV head read its keys
     // together too, when there are KV heads enough to keep every thread busy.
     let grouped_decode = group > 1 && cfg.n_kv_head >= crate::threads::threads();
-    if tiled && !blocks && (n_q >= 2 || grouped_decode) {
+    if route.tiled && !blocks && (n_q >= 2 || grouped_decode) {
         // A paged cache's tiles: as many positions as keep a thread's
-        // scores and slot numbers within the budget.
-        let tile_queries = match pager {
-            None => TILE_QUERIES,
+        // scores and slot numbers within the budget. When fewer than a
+        // whole tile's fit, the scores stream a key tile at a time instead,
+        // and a tile takes as many positions as the budget holds value sums.
+        let (tile_queries, streamed) = match pager {
+            None => (TILE_QUERIES, false),
             Some(_) => {
                 let per_position =
                     written_slots.len().max(1) * group * (size_of::<f32>() + size_of::<usize>());
-                (PAGED_SCORE_BYTES / per_position).clamp(1, TILE_QUERIES)
+                let fit = route.score_bytes / per_position;
+                if fit >= TILE_QUERIES.min(n_q) {
+                    (fit.min(TILE_QUERIES), false)
+                } else {
+                    let per_position = group * order.lanes() * hd * size_of::<f32>();
+                    (
+                        (route.score_bytes / per_position).clamp(1, n_q.max(1)),
+                        true,
+                    )
+                }
             }
         };
         let tiles = Tiles {
             pager,
             tile_queries,
+            streamed,
             q,
             q_pos,
             k: &k,
@@ -1543,48 +1623,74 @@ fn attend(
 
 /// Softmax of one query's visible scores, in place: `scores[i] =
 /// ggml_expf(scores[i] − max)` (`max` the largest score, the sink
-/// included); returns `1 / Σ` where the sum is taken 8 slots at a time in
-/// f32 (`slots[i]` the slot of `scores[i]`, grouped by `slot / 8`),
-/// accumulated in f64, with the sink's `exp(sink − max)` added (ggml's AVX2
-/// `soft_max`).
+/// included); returns `1 / Σ` ([`SoftmaxSum`]; `slots[i]` the slot of
+/// `scores[i]`).
 fn softmax_weights(slots: &[usize], scores: &mut [f32], max: f32, sink: Option<f32>) -> f32 {
     let max = sink.map_or(max, |s| max.max(s));
     exp_shifted(scores, max);
-    let mut sum = 0f64;
-    // Consecutive slots (a prompt's keys in order): the groups of eight are
-    // runs of `scores`, summed in the same order without a test per slot.
-    if let (Some(&first), Some(&last)) = (slots.first(), slots.last())
-        && last - first + 1 == slots.len()
-    {
-        let mut i = 0;
-        while i < scores.len() {
-            let lane = (first + i) % 8;
-            let take = (8 - lane).min(scores.len() - i);
-            let mut eight = [0f32; 8];
-            eight[lane..lane + take].copy_from_slice(&scores[i..i + take]);
-            sum += reduce8(&eight) as f64;
-            i += take;
+    let mut sum = SoftmaxSum::default();
+    sum.add(slots, scores);
+    sum.inverse(sink, max)
+}
+
+/// The denominator of one query's softmax as ggml's AVX2 `soft_max` sums
+/// it: the exponentials of the slots `8m .. 8m + 8` summed as eight lanes
+/// in f32 (zeros for slots not seen), those sums accumulated in f64 in slot
+/// order, and a sink's `exp(sink − max)` added. It takes the slots in
+/// ascending runs, all at once or a key tile at a time, with the same result.
+#[derive(Clone, Copy, Default)]
+struct SoftmaxSum {
+    sum: f64,
+    /// The lanes of the group at hand.
+    eight: [f32; 8],
+    /// The group at hand, `slot / 8` (or none yet).
+    group: Option<usize>,
+}
+
+impl SoftmaxSum {
+    /// Adds `exps[i]`, the exponential of slot `slots[i]`.
+    fn add(&mut self, slots: &[usize], exps: &[f32]) {
+        let (Some(&first), Some(&last)) = (slots.first(), slots.last()) else {
+            return;
+        };
+        let n = slots.len().min(exps.len());
+        // Consecutive slots (a prompt's keys in order): the groups are runs
+        // of `exps`, taken without a test per slot.
+        if last - first + 1 == slots.len() {
+            let mut i = 0;
+            while i < n {
+                let j = first + i;
+                self.enter(j / 8);
+                let take = (8 - j % 8).min(n - i);
+                self.eight[j % 8..j % 8 + take].copy_from_slice(&exps[i..i + take]);
+                i += take;
+            }
+            return;
         }
+        for (&j, &e) in slots.iter().zip(exps) {
+            self.enter(j / 8);
+            self.eight[j % 8] = e;
+        }
+    }
+
+    /// Moves on to group `group`, adding the one at hand.
+    #[inline]
+    fn enter(&mut self, group: usize) {
+        if self.group != Some(group) {
+            self.sum += reduce8(&self.eight) as f64;
+            self.eight = [0.0; 8];
+            self.group = Some(group);
+        }
+    }
+
+    /// `1 / Σ`, the sink's term added (`max` the softmax's shift).
+    fn inverse(mut self, sink: Option<f32>, max: f32) -> f32 {
+        self.sum += reduce8(&self.eight) as f64;
         if let Some(s) = sink {
-            sum += (s - max).exp() as f64;
+            self.sum += (s - max).exp() as f64;
         }
-        return (1.0 / sum) as f32;
+        (1.0 / self.sum) as f32
     }
-    let mut eight = [0f32; 8];
-    let mut chunk = usize::MAX;
-    for (&j, s) in slots.iter().zip(scores.iter()) {
-        if j / 8 != chunk {
-            sum += reduce8(&eight) as f64;
-            eight = [0.0; 8];
-            chunk = j / 8;
-        }
-        eight[j % 8] = *s;
-    }
-    sum += reduce8(&eight) as f64;
-    if let Some(s) = sink {
-        sum += (s - max).exp() as f64;
-    }
-    (1.0 / sum) as f32
 }
 
 /// `acc[lane(j)] += round(w · inv) · v[j]` for each slot `j` of `slots` with
@@ -1659,19 +1765,31 @@ struct Tiles<'a> {
     fused: bool,
     /// A paged cache's pager.
     pager: Option<&'a dyn KvPager>,
-    /// Query positions per task ([`TILE_QUERIES`], fewer for a paged cache).
+    /// Query positions per task ([`TILE_QUERIES`], fewer for a paged cache,
+    /// more when it streams).
     tile_queries: usize,
+    /// Scores kept a key tile at a time ([`Tiles::streamed_passes`]).
+    streamed: bool,
 }
 
 /// One query vector of a tile: its index `i · n_head + h`, its visible
-/// slots and their scores (then weights).
+/// slots and their scores (then weights): all of them, or a key tile's
+/// when the tile streams ([`Tiles::streamed_passes`]).
 #[derive(Default)]
 struct TileQuery {
     index: usize,
     pos: usize,
     slots: Vec<usize>,
     scores: Vec<f32>,
+    /// How many slots it sees.
+    visible: usize,
     max: f32,
+    /// A streamed tile's first guess of the maximum.
+    guess: f32,
+    /// The softmax's shift: the maximum, the sink included.
+    shift: f32,
+    /// The softmax's sum, built a key tile at a time.
+    sum: SoftmaxSum,
     inv: f32,
 }
 
@@ -1716,298 +1834,455 @@ impl Tiles<'_> {
 
     /// KV head `g` over query positions `block · tile_queries ..`.
     fn task(&self, g: usize, block: usize) {
-        let cfg = self.cfg;
-        let hd = cfg.head_dim;
-        let lanes = self.order.lanes();
-        let off = |j: usize| j * self.kv_stride + g * hd;
+        let hd = self.cfg.head_dim;
         TILES.with(|cell| {
             let mut guard = cell.borrow_mut();
-            let TileScratch {
-                queries,
-                dots,
-                key_offs,
-                query_offs,
-                acc,
-                keys_f32,
-                values_f32,
-                spans,
-                cursor,
-                row,
-            } = &mut *guard;
-            row.resize(hd, 0.0);
-            // The tile's query vectors: the heads reading KV head `g`.
-            let mut n = 0;
-            let first = block * self.tile_queries;
-            for i in first..(first + self.tile_queries).min(self.n_q) {
-                for h in 0..cfg.n_head {
-                    let index = i * cfg.n_head + h;
-                    if (h / self.group).min(cfg.n_kv_head - 1) != g || index >= self.n_tasks {
-                        continue;
-                    }
-                    if queries.len() == n {
-                        queries.push(TileQuery::default());
-                    }
-                    let tq = &mut queries[n];
-                    tq.index = index;
-                    tq.pos = self.q_pos[i];
-                    tq.slots.clear();
-                    tq.scores.clear();
-                    tq.max = f32::NEG_INFINITY;
-                    n += 1;
-                }
-            }
-            let queries = &mut queries[..n];
-            if queries.is_empty() {
+            let s = &mut *guard;
+            s.row.resize(hd, 0.0);
+            let n = self.gather(g, block, &mut s.queries);
+            if n == 0 {
                 return;
             }
-            let last_pos = queries.iter().map(|t| t.pos).max().unwrap_or(0);
-            let visible = |qp: usize, kp: usize| kp <= qp && cfg.window.is_none_or(|w| qp - kp < w);
-            // An f16 cache in tinyBLAS's order on an AVX2 host: a tile's scores
-            // for every query vector at once, by the fused kernel.
-            let fused_keys = match self.k {
-                KvSlice::F16(ks) if self.fused && hd.is_multiple_of(lanes) => Some(*ks),
-                _ => None,
-            };
-            query_offs.clear();
-            query_offs.extend(queries.iter().map(|tq| tq.index * hd));
-            // Only the x86_64 kernels read the offsets.
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (&key_offs, &query_offs, &keys_f32, &values_f32, &spans);
-            // Scores, a key tile at a time.
-            let end = self.written.last().map_or(0, |&j| j + 1);
-            let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
-            for tile in self.written.chunks(TILE_KEYS) {
-                keys_behind.reach(tile[0]);
-                if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
-                    continue;
-                }
-                #[cfg(target_arch = "x86_64")]
-                if let Some(ks) = fused_keys {
-                    key_offs.clear();
-                    key_offs.extend(tile.iter().map(|&j| off(j)));
-                    dots.resize(queries.len() * tile.len(), 0.0);
-                    // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that is a
-                    // multiple of 8; every key row (a written slot) and query vector
-                    // (a task below `n_tasks`) lies inside its slice, and `dots`
-                    // holds a score for each pair.
-                    unsafe {
-                        match self.order {
-                            SumOrder::Batch
-                                if fused_f16::wide() && hd <= fused_f16::WIDE_MAX_HEAD_DIM =>
-                            {
-                                fused_f16::key_quads_f32(ks, key_offs, hd, keys_f32);
-                                fused_f16::tile_dots_lanes8_f32(
-                                    keys_f32, ks, key_offs, self.q, query_offs, hd, dots,
-                                )
-                            }
-                            SumOrder::Batch => fused_f16::tile_dots_lanes8(
-                                ks, key_offs, self.q, query_offs, hd, dots,
-                            ),
-                            SumOrder::Single => fused_f16::tile_dots_lanes32(
-                                ks, key_offs, self.q, query_offs, hd, dots,
-                            ),
-                        }
-                    };
-                }
-                // The tile's lowest and highest key positions: a query that
-                // sees the whole tile takes its scores at once.
-                let (lo, hi) = tile.iter().fold((usize::MAX, 0), |(lo, hi), &j| {
-                    (lo.min(self.key_pos[j]), hi.max(self.key_pos[j]))
-                });
-                for (a, tq) in queries.iter_mut().enumerate() {
-                    let qv = &self.q[tq.index * hd..(tq.index + 1) * hd];
-                    let sees_all = hi <= tq.pos && cfg.window.is_none_or(|w| tq.pos - lo < w);
-                    if sees_all && fused_keys.is_some() && cfg.softcap.is_none() {
-                        // The same scores, maximum and order as slot by slot below.
-                        let start = tq.scores.len();
-                        tq.slots.extend_from_slice(tile);
-                        let row_dots = &dots[a * tile.len()..(a + 1) * tile.len()];
-                        tq.scores.extend(row_dots.iter().map(|&qk| qk * cfg.scale));
-                        tq.max = tq.scores[start..].iter().fold(tq.max, |m, &x| m.max(x));
-                        continue;
-                    }
-                    for (b, &j) in tile.iter().enumerate() {
-                        if !visible(tq.pos, self.key_pos[j]) {
-                            continue;
-                        }
-                        let o = off(j);
-                        let qk = match (fused_keys, self.k) {
-                            (Some(_), _) => dots[a * tile.len() + b],
-                            (None, KvSlice::F16(ks)) => self.order.dot_f16(&ks[o..o + hd], qv, row),
-                            (None, _) => self.k.dot_row(o, qv, row),
-                        };
-                        let mut x = qk * cfg.scale;
-                        if let Some(cap) = cfg.softcap {
-                            x = cap * (x / cap).tanh();
-                        }
-                        tq.max = tq.max.max(x);
-                        tq.slots.push(j);
-                        tq.scores.push(x);
-                    }
-                }
+            s.query_offs.clear();
+            s.query_offs
+                .extend(s.queries[..n].iter().map(|tq| tq.index * hd));
+            s.acc.clear();
+            s.acc.resize(n * self.order.lanes() * hd, 0.0);
+            if self.streamed {
+                self.streamed_passes(g, n, s);
+            } else {
+                self.stored_passes(g, n, s);
             }
-            keys_behind.finish(end);
-            // Each query's softmax weights.
-            for tq in queries.iter_mut() {
-                if tq.slots.is_empty() {
-                    continue;
-                }
-                let sink = self
-                    .sinks
-                    .and_then(|s| s.get(tq.index % cfg.n_head))
-                    .copied();
-                tq.inv = softmax_weights(&tq.slots, &mut tq.scores, tq.max, sink);
-            }
-            // The weighted values, a key tile at a time, each query's slots in order.
-            acc.clear();
-            acc.resize(queries.len() * lanes * hd, 0.0);
-            cursor.clear();
-            cursor.resize(queries.len(), 0);
-            let mut values_behind = Behind::new(self.pager, KvPart::Values);
-            for tile in self.written.chunks(TILE_KEYS) {
-                values_behind.reach(tile[0]);
-                let end = tile[tile.len() - 1];
-                // Consecutive slots on an AVX-512 host: the tile's value rows converted once
-                // for every query vector.
-                #[cfg(target_arch = "x86_64")]
-                let wide_values = match self.v {
-                    KvSlice::F16(vs)
-                        if self.fused
-                            && fused_f16::wide()
-                            && hd <= fused_f16::WIDE_MAX_HEAD_DIM
-                            && hd.is_multiple_of(16)
-                            && end - tile[0] + 1 == tile.len() =>
-                    {
-                        // SAFETY: `wide` saw AVX-512 F (and `fused` F16C); the slots
-                        // `tile[0] ..= end` are written, so their rows lie inside the cache.
-                        unsafe {
-                            fused_f16::value_rows_f32(
-                                vs,
-                                self.kv_stride,
-                                g * hd,
-                                tile[0],
-                                tile.len(),
-                                hd,
-                                values_f32,
-                            )
-                        };
-                        true
-                    }
-                    _ => false,
-                };
-                #[cfg(target_arch = "x86_64")]
-                if wide_values {
-                    // Each query's slots in this tile, then pairs of queries over the same
-                    // slots (every query that sees the whole tile) through one pass.
-                    spans.clear();
-                    for (tq, at) in queries.iter().zip(cursor.iter_mut()) {
-                        let start = *at;
-                        while *at < tq.slots.len() && tq.slots[*at] <= end {
-                            *at += 1;
-                        }
-                        spans.push((start, *at));
-                    }
-                    let mut rest: &mut [f32] = &mut acc[..];
-                    let mut i = 0;
-                    while i < queries.len() {
-                        let (s0, e0) = spans[i];
-                        let pair = i + 1 < queries.len() && {
-                            let (s1, e1) = spans[i + 1];
-                            queries[i].slots[s0..e0] == queries[i + 1].slots[s1..e1]
-                        };
-                        let take = if pair { 2 } else { 1 };
-                        let (mine, next) =
-                            std::mem::take(&mut rest).split_at_mut(take * lanes * hd);
-                        rest = next;
-                        let slots = &queries[i].slots[s0..e0];
-                        // SAFETY: as for `value_rows_f32` above; each query's sums hold
-                        // `lanes × hd` values, its scores cover its slots, and every slot
-                        // lies in the tile.
-                        unsafe {
-                            if pair {
-                                let (a0, a1) = mine.split_at_mut(lanes * hd);
-                                let (s1, e1) = spans[i + 1];
-                                fused_f16::weigh_values_f32::<2>(
-                                    values_f32,
-                                    tile[0],
-                                    hd,
-                                    lanes,
-                                    slots,
-                                    [&queries[i].scores[s0..e0], &queries[i + 1].scores[s1..e1]],
-                                    [queries[i].inv, queries[i + 1].inv],
-                                    [a0, a1],
-                                )
-                            } else {
-                                fused_f16::weigh_values_f32::<1>(
-                                    values_f32,
-                                    tile[0],
-                                    hd,
-                                    lanes,
-                                    slots,
-                                    [&queries[i].scores[s0..e0]],
-                                    [queries[i].inv],
-                                    [mine],
-                                )
-                            }
-                        };
-                        i += take;
-                    }
-                    continue;
-                }
-                for ((tq, at), lanes_acc) in queries
-                    .iter()
-                    .zip(cursor.iter_mut())
-                    .zip(acc.chunks_exact_mut(lanes * hd))
-                {
-                    let start = *at;
-                    while *at < tq.slots.len() && tq.slots[*at] <= end {
-                        *at += 1;
-                    }
-                    #[cfg(target_arch = "x86_64")]
-                    if let (true, KvSlice::F16(vs)) = (self.fused, self.v) {
-                        // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that
-                        // is a multiple of 8; `lanes_acc` holds `lanes × hd` sums and
-                        // every slot's value row lies inside the cache.
-                        unsafe {
-                            fused_f16::weigh_values_f16(
-                                vs,
-                                self.kv_stride,
-                                g * hd,
-                                hd,
-                                lanes,
-                                &tq.slots[start..*at],
-                                &tq.scores[start..*at],
-                                tq.inv,
-                                lanes_acc,
-                            )
-                        };
-                        continue;
-                    }
-                    weigh_values(
-                        self.v,
-                        lanes,
-                        &tq.slots[start..*at],
-                        &tq.scores[start..*at],
-                        tq.inv,
-                        off,
-                        lanes_acc,
-                        row,
-                    );
-                }
-            }
-            values_behind.finish(end);
-            for (tq, lanes_acc) in queries.iter().zip(acc.chunks_exact(lanes * hd)) {
+            let lanes = self.order.lanes();
+            for (tq, lanes_acc) in s.queries[..n].iter().zip(s.acc.chunks_exact(lanes * hd)) {
                 // SAFETY: index < n_tasks ≤ out.len() / hd, and each query
                 // vector belongs to exactly one task (its position's block
                 // and its head's KV head), which writes only its own head.
                 let o = unsafe { std::slice::from_raw_parts_mut(self.out.at(tq.index * hd), hd) };
-                if tq.slots.is_empty() {
+                if tq.visible == 0 {
                     o.fill(0.0);
                 } else {
                     self.order.reduce_lanes(lanes_acc, o);
                 }
             }
         });
+    }
+
+    /// The tile's query vectors, the heads reading KV head `g` at the
+    /// block's positions, into the first entries of `queries`; returns how many.
+    fn gather(&self, g: usize, block: usize, queries: &mut Vec<TileQuery>) -> usize {
+        let cfg = self.cfg;
+        let mut n = 0;
+        let first = block * self.tile_queries;
+        for i in first..(first + self.tile_queries).min(self.n_q) {
+            for h in 0..cfg.n_head {
+                let index = i * cfg.n_head + h;
+                if (h / self.group).min(cfg.n_kv_head - 1) != g || index >= self.n_tasks {
+                    continue;
+                }
+                if queries.len() == n {
+                    queries.push(TileQuery::default());
+                }
+                let tq = &mut queries[n];
+                tq.index = index;
+                tq.pos = self.q_pos[i];
+                tq.slots.clear();
+                tq.scores.clear();
+                tq.max = f32::NEG_INFINITY;
+                tq.visible = 0;
+                tq.sum = SoftmaxSum::default();
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Every score in memory: the scores of all key tiles, each query's
+    /// softmax over them, then the weighted values a key tile at a time.
+    fn stored_passes(&self, g: usize, n: usize, s: &mut TileScratch) {
+        let end = self.written.last().map_or(0, |&j| j + 1);
+        let last_pos = s.queries[..n].iter().map(|t| t.pos).max().unwrap_or(0);
+        let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
+        for tile in self.written.chunks(TILE_KEYS) {
+            keys_behind.reach(tile[0]);
+            if tile.iter().all(|&j| self.key_pos[j] > last_pos) {
+                continue;
+            }
+            self.score_tile(g, tile, n, s);
+        }
+        keys_behind.finish(end);
+        for tq in s.queries[..n].iter_mut() {
+            if tq.visible > 0 {
+                tq.inv = softmax_weights(&tq.slots, &mut tq.scores, tq.max, self.sink(tq.index));
+            }
+        }
+        s.cursor.clear();
+        s.cursor.resize(n, 0);
+        let mut values_behind = Behind::new(self.pager, KvPart::Values);
+        for tile in self.written.chunks(TILE_KEYS) {
+            values_behind.reach(tile[0]);
+            self.weigh_tile(g, tile, n, s);
+        }
+        values_behind.finish(end);
+    }
+
+    /// Scores for one key tile at a time, never the whole context's, in
+    /// memory that does not grow with the context and with each key and
+    /// value row read for a tile of many query positions, not a few:
+    ///
+    /// 1. A guess of each query's maximum from the key tiles most likely to
+    ///    hold it: the first (where attention sinks are) and the last it
+    ///    sees (its neighbourhood).
+    /// 2. A pass over the keys for each query's true maximum and its sum
+    ///    with the guess as the shift: right wherever the guess was.
+    /// 3. For the queries whose maximum lay elsewhere, a second pass for
+    ///    the sum with the true maximum.
+    /// 4. A pass that weighs the values.
+    ///
+    /// Every score is computed again as it was, so the numbers are
+    /// [`Tiles::stored_passes`]' (the same scores, exponentials and sums,
+    /// in the same order).
+    fn streamed_passes(&self, g: usize, n: usize, s: &mut TileScratch) {
+        let end = self.written.last().map_or(0, |&j| j + 1);
+        let last_pos = s.queries[..n].iter().map(|t| t.pos).max().unwrap_or(0);
+        let hd = self.cfg.head_dim;
+        // The key tiles some query of the block sees.
+        let seen = |tile: &&[usize]| tile.iter().any(|&j| self.key_pos[j] <= last_pos);
+        let restart = |s: &mut TileScratch, n: usize| {
+            for tq in s.queries[..n].iter_mut() {
+                tq.slots.clear();
+                tq.scores.clear();
+            }
+        };
+        // 1. The guess, from the first and last two tiles seen.
+        let tiles: Vec<&[usize]> = self.written.chunks(TILE_KEYS).filter(seen).collect();
+        let likely = [
+            0,
+            tiles.len().saturating_sub(2),
+            tiles.len().saturating_sub(1),
+        ];
+        for (i, tile) in tiles.iter().enumerate() {
+            if likely.contains(&i) {
+                restart(s, n);
+                self.score_tile(g, tile, n, s);
+            }
+        }
+        let shift = |tq: &TileQuery| self.sink(tq.index).map_or(tq.max, |sink| tq.max.max(sink));
+        for tq in s.queries[..n].iter_mut() {
+            tq.guess = tq.max;
+            tq.shift = shift(tq);
+        }
+        // 2. Maxima, and sums where the guess holds.
+        let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
+        for tile in &tiles {
+            keys_behind.reach(tile[0]);
+            restart(s, n);
+            self.score_tile(g, tile, n, s);
+            for tq in s.queries[..n].iter_mut() {
+                if tq.max == tq.guess {
+                    exp_shifted(&mut tq.scores, tq.shift);
+                    tq.sum.add(&tq.slots, &tq.scores);
+                }
+            }
+        }
+        keys_behind.finish(end);
+        // 3. The other sums: those queries first, and a pass over them alone.
+        s.queries[..n].sort_by_key(|tq| tq.max == tq.guess);
+        let missed = s.queries[..n]
+            .iter()
+            .take_while(|tq| tq.max != tq.guess)
+            .count();
+        s.query_offs.clear();
+        s.query_offs
+            .extend(s.queries[..missed].iter().map(|tq| tq.index * hd));
+        if missed > 0 {
+            for tq in s.queries[..missed].iter_mut() {
+                tq.shift = shift(tq);
+                tq.sum = SoftmaxSum::default();
+            }
+            let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
+            for tile in &tiles {
+                keys_behind.reach(tile[0]);
+                restart(s, missed);
+                self.score_tile(g, tile, missed, s);
+                for tq in s.queries[..missed].iter_mut() {
+                    exp_shifted(&mut tq.scores, tq.shift);
+                    tq.sum.add(&tq.slots, &tq.scores);
+                }
+            }
+            keys_behind.finish(end);
+        }
+        s.query_offs.clear();
+        s.query_offs
+            .extend(s.queries[..n].iter().map(|tq| tq.index * hd));
+        for tq in s.queries[..n].iter_mut() {
+            tq.inv = tq.sum.inverse(self.sink(tq.index), tq.shift);
+        }
+        // 4. The weighted values.
+        let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
+        let mut values_behind = Behind::new(self.pager, KvPart::Values);
+        for tile in &tiles {
+            keys_behind.reach(tile[0]);
+            values_behind.reach(tile[0]);
+            restart(s, n);
+            self.score_tile(g, tile, n, s);
+            for tq in s.queries[..n].iter_mut() {
+                exp_shifted(&mut tq.scores, tq.shift);
+            }
+            s.cursor.clear();
+            s.cursor.resize(n, 0);
+            self.weigh_tile(g, tile, n, s);
+        }
+        keys_behind.finish(end);
+        values_behind.finish(end);
+    }
+
+    /// The attention sink of query vector `index`'s head, if the model has them.
+    fn sink(&self, index: usize) -> Option<f32> {
+        self.sinks
+            .and_then(|s| s.get(index % self.cfg.n_head))
+            .copied()
+    }
+
+    /// Appends each query's visible slots of key tile `tile` and their
+    /// scores (`scale · q·k`, soft-capped) to its lists, and raises its maximum.
+    fn score_tile(&self, g: usize, tile: &[usize], n: usize, s: &mut TileScratch) {
+        let cfg = self.cfg;
+        let hd = cfg.head_dim;
+        let lanes = self.order.lanes();
+        let off = |j: usize| j * self.kv_stride + g * hd;
+        let TileScratch {
+            queries,
+            dots,
+            key_offs,
+            query_offs,
+            keys_f32,
+            row,
+            ..
+        } = s;
+        let queries = &mut queries[..n];
+        let visible = |qp: usize, kp: usize| kp <= qp && cfg.window.is_none_or(|w| qp - kp < w);
+        // An f16 cache in tinyBLAS's order on an AVX2 host: a tile's scores
+        // for every query vector at once, by the fused kernel.
+        let fused_keys = match self.k {
+            KvSlice::F16(ks) if self.fused && hd.is_multiple_of(lanes) => Some(*ks),
+            _ => None,
+        };
+        // Only the x86_64 kernels read the offsets.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (&key_offs, &query_offs, &keys_f32);
+        #[cfg(target_arch = "x86_64")]
+        if let Some(ks) = fused_keys {
+            key_offs.clear();
+            key_offs.extend(tile.iter().map(|&j| off(j)));
+            dots.resize(queries.len() * tile.len(), 0.0);
+            // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that is a
+            // multiple of 8; every key row (a written slot) and query vector
+            // (a task below `n_tasks`) lies inside its slice, and `dots`
+            // holds a score for each pair.
+            unsafe {
+                match self.order {
+                    SumOrder::Batch if fused_f16::wide() && hd <= fused_f16::WIDE_MAX_HEAD_DIM => {
+                        fused_f16::key_quads_f32(ks, key_offs, hd, keys_f32);
+                        fused_f16::tile_dots_lanes8_f32(
+                            keys_f32, ks, key_offs, self.q, query_offs, hd, dots,
+                        )
+                    }
+                    SumOrder::Batch => {
+                        fused_f16::tile_dots_lanes8(ks, key_offs, self.q, query_offs, hd, dots)
+                    }
+                    SumOrder::Single => {
+                        fused_f16::tile_dots_lanes32(ks, key_offs, self.q, query_offs, hd, dots)
+                    }
+                }
+            };
+        }
+        // The tile's lowest and highest key positions: a query that
+        // sees the whole tile takes its scores at once.
+        let (lo, hi) = tile.iter().fold((usize::MAX, 0), |(lo, hi), &j| {
+            (lo.min(self.key_pos[j]), hi.max(self.key_pos[j]))
+        });
+        for (a, tq) in queries.iter_mut().enumerate() {
+            let qv = &self.q[tq.index * hd..(tq.index + 1) * hd];
+            let sees_all = hi <= tq.pos && cfg.window.is_none_or(|w| tq.pos - lo < w);
+            if sees_all && fused_keys.is_some() && cfg.softcap.is_none() {
+                // The same scores, maximum and order as slot by slot below.
+                let start = tq.scores.len();
+                tq.slots.extend_from_slice(tile);
+                let row_dots = &dots[a * tile.len()..(a + 1) * tile.len()];
+                tq.scores.extend(row_dots.iter().map(|&qk| qk * cfg.scale));
+                tq.max = tq.scores[start..].iter().fold(tq.max, |m, &x| m.max(x));
+                tq.visible += tile.len();
+                continue;
+            }
+            for (b, &j) in tile.iter().enumerate() {
+                if !visible(tq.pos, self.key_pos[j]) {
+                    continue;
+                }
+                let o = off(j);
+                let qk = match (fused_keys, self.k) {
+                    (Some(_), _) => dots[a * tile.len() + b],
+                    (None, KvSlice::F16(ks)) => self.order.dot_f16(&ks[o..o + hd], qv, row),
+                    (None, _) => self.k.dot_row(o, qv, row),
+                };
+                let mut x = qk * cfg.scale;
+                if let Some(cap) = cfg.softcap {
+                    x = cap * (x / cap).tanh();
+                }
+                tq.max = tq.max.max(x);
+                tq.slots.push(j);
+                tq.scores.push(x);
+                tq.visible += 1;
+            }
+        }
+    }
+
+    /// Adds key tile `tile`'s weighted values to each query's value lanes:
+    /// its slots in the tile, from its cursor on, with their weights
+    /// (`scores · inv`).
+    fn weigh_tile(&self, g: usize, tile: &[usize], n: usize, s: &mut TileScratch) {
+        let hd = self.cfg.head_dim;
+        let lanes = self.order.lanes();
+        let off = |j: usize| j * self.kv_stride + g * hd;
+        let TileScratch {
+            queries,
+            acc,
+            values_f32,
+            spans,
+            cursor,
+            row,
+            ..
+        } = s;
+        let queries = &queries[..n];
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (&values_f32, &spans);
+        let end = tile[tile.len() - 1];
+        // Consecutive slots on an AVX-512 host: the tile's value rows converted once
+        // for every query vector.
+        #[cfg(target_arch = "x86_64")]
+        let wide_values = match self.v {
+            KvSlice::F16(vs)
+                if self.fused
+                    && fused_f16::wide()
+                    && hd <= fused_f16::WIDE_MAX_HEAD_DIM
+                    && hd.is_multiple_of(16)
+                    && end - tile[0] + 1 == tile.len() =>
+            {
+                // SAFETY: `wide` saw AVX-512 F (and `fused` F16C); the slots
+                // `tile[0] ..= end` are written, so their rows lie inside the cache.
+                unsafe {
+                    fused_f16::value_rows_f32(
+                        vs,
+                        self.kv_stride,
+                        g * hd,
+                        tile[0],
+                        tile.len(),
+                        hd,
+                        values_f32,
+                    )
+                };
+                true
+            }
+            _ => false,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if wide_values {
+            // Each query's slots in this tile, then pairs of queries over the same
+            // slots (every query that sees the whole tile) through one pass.
+            spans.clear();
+            for (tq, at) in queries.iter().zip(cursor.iter_mut()) {
+                let start = *at;
+                while *at < tq.slots.len() && tq.slots[*at] <= end {
+                    *at += 1;
+                }
+                spans.push((start, *at));
+            }
+            let mut rest: &mut [f32] = &mut acc[..];
+            let mut i = 0;
+            while i < queries.len() {
+                let (s0, e0) = spans[i];
+                let pair = i + 1 < queries.len() && {
+                    let (s1, e1) = spans[i + 1];
+                    queries[i].slots[s0..e0] == queries[i + 1].slots[s1..e1]
+                };
+                let take = if pair { 2 } else { 1 };
+                let (mine, next) = std::mem::take(&mut rest).split_at_mut(take * lanes * hd);
+                rest = next;
+                let slots = &queries[i].slots[s0..e0];
+                // SAFETY: as for `value_rows_f32` above; each query's sums hold
+                // `lanes × hd` values, its scores cover its slots, and every slot
+                // lies in the tile.
+                unsafe {
+                    if pair {
+                        let (a0, a1) = mine.split_at_mut(lanes * hd);
+                        let (s1, e1) = spans[i + 1];
+                        fused_f16::weigh_values_f32::<2>(
+                            values_f32,
+                            tile[0],
+                            hd,
+                            lanes,
+                            slots,
+                            [&queries[i].scores[s0..e0], &queries[i + 1].scores[s1..e1]],
+                            [queries[i].inv, queries[i + 1].inv],
+                            [a0, a1],
+                        )
+                    } else {
+                        fused_f16::weigh_values_f32::<1>(
+                            values_f32,
+                            tile[0],
+                            hd,
+                            lanes,
+                            slots,
+                            [&queries[i].scores[s0..e0]],
+                            [queries[i].inv],
+                            [mine],
+                        )
+                    }
+                };
+                i += take;
+            }
+            return;
+        }
+        for ((tq, at), lanes_acc) in queries
+            .iter()
+            .zip(cursor.iter_mut())
+            .zip(acc.chunks_exact_mut(lanes * hd))
+        {
+            let start = *at;
+            while *at < tq.slots.len() && tq.slots[*at] <= end {
+                *at += 1;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if let (true, KvSlice::F16(vs)) = (self.fused, self.v) {
+                // SAFETY: `fused` saw AVX2, FMA and F16C and a head dim that
+                // is a multiple of 8; `lanes_acc` holds `lanes × hd` sums and
+                // every slot's value row lies inside the cache.
+                unsafe {
+                    fused_f16::weigh_values_f16(
+                        vs,
+                        self.kv_stride,
+                        g * hd,
+                        hd,
+                        lanes,
+                        &tq.slots[start..*at],
+                        &tq.scores[start..*at],
+                        tq.inv,
+                        lanes_acc,
+                    )
+                };
+                continue;
+            }
+            weigh_values(
+                self.v,
+                lanes,
+                &tq.slots[start..*at],
+                &tq.scores[start..*at],
+                tq.inv,
+                off,
+                lanes_acc,
+                row,
+            );
+        }
     }
 }
 
@@ -2088,16 +2363,37 @@ mod tests {
     /// multiple of the KV heads', causal and windowed, soft-capped, with
     /// sinks, written slots out of position order (a ring) and empty ones,
     /// more slots than one key tile and more queries than one query tile.
+    /// Records every run of rows it hears of.
+    #[derive(Default)]
+    struct Recorder(std::sync::Mutex<Vec<(KvPart, std::ops::Range<usize>)>>);
+
+    impl KvPager for Recorder {
+        fn passed(&self, part: KvPart, slots: std::ops::Range<usize>) {
+            self.0.lock().unwrap().push((part, slots));
+        }
+    }
+
+    /// Every route of a paged cache: scores kept for whole tiles, by
+    /// default, streamed a key tile at a time (one query position per
+    /// tile), and one query at a time.
+    const PAGED_ROUTES: [Route; 4] = [
+        Route {
+            tiled: true,
+            score_bytes: 1 << 24,
+        },
+        Route::DEFAULT,
+        Route {
+            tiled: true,
+            score_bytes: 4096,
+        },
+        Route {
+            tiled: false,
+            score_bytes: PAGED_SCORE_BYTES,
+        },
+    ];
+
     #[test]
     fn paged_attention_gives_the_same_numbers_and_passes_every_row() {
-        /// Records every run of rows it hears of.
-        #[derive(Default)]
-        struct Recorder(std::sync::Mutex<Vec<(KvPart, std::ops::Range<usize>)>>);
-        impl KvPager for Recorder {
-            fn passed(&self, part: KvPart, slots: std::ops::Range<usize>) {
-                self.0.lock().unwrap().push((part, slots));
-            }
-        }
         // 2,100 written slots: more than a paged tile keeps scores for at
         // 8 positions (fewer positions per tile), and several runs per pass.
         let n_slots = 2100;
@@ -2126,7 +2422,7 @@ mod tests {
             let vh: Vec<f16> = vf.iter().map(|&x| f16::from_f32(x)).collect();
             let kq = flatrun_dequant::quantize_to_vec(flatrun_format::GgmlType::Q8_0, &kf)
                 .expect("whole blocks");
-            for n_q in [1, 13] {
+            for n_q in [1, 13, 40] {
                 let q_pos: Vec<usize> = (0..n_q).map(|i| n_slots - n_q + i).collect();
                 let q = values(n_q * n_head * hd, 1);
                 for (k, v) in [
@@ -2134,12 +2430,12 @@ mod tests {
                     (KvSlice::F32(&kf), KvSlice::F32(&vf)),
                     (KvSlice::Q8_0(&kq), KvSlice::F16(&vh)),
                 ] {
-                    for tiled in [true, false] {
+                    for route in PAGED_ROUTES {
                         let mut plain = vec![1.0; n_q * n_head * hd];
                         let mut paged = vec![2.0; n_q * n_head * hd];
                         let pager = Recorder::default();
                         attend(
-                            &q, &q_pos, k, v, &key_pos, &cfg, None, None, &mut plain, tiled,
+                            &q, &q_pos, k, v, &key_pos, &cfg, None, None, &mut plain, route,
                         );
                         attend(
                             &q,
@@ -2151,10 +2447,12 @@ mod tests {
                             None,
                             Some(&pager),
                             &mut paged,
-                            tiled,
+                            route,
                         );
-                        let what =
-                            format!("{n_head}/{n_kv} heads, {n_q} queries, tiled {tiled}, {k:?}");
+                        let what = format!(
+                            "{n_head}/{n_kv} heads, {n_q} queries, tiled {}, {} score bytes, {k:?}",
+                            route.tiled, route.score_bytes
+                        );
                         assert!(
                             plain
                                 .iter()
@@ -2237,7 +2535,16 @@ mod tests {
                         let mut tiled = vec![1.0; n_q * n_head * hd];
                         let mut per_query = vec![2.0; n_q * n_head * hd];
                         attend(
-                            &q, &q_pos, k, v, &key_pos, &cfg, sinks, None, &mut tiled, true,
+                            &q,
+                            &q_pos,
+                            k,
+                            v,
+                            &key_pos,
+                            &cfg,
+                            sinks,
+                            None,
+                            &mut tiled,
+                            Route::DEFAULT,
                         );
                         attend(
                             &q,
@@ -2249,17 +2556,50 @@ mod tests {
                             sinks,
                             None,
                             &mut per_query,
-                            false,
+                            Route {
+                                tiled: false,
+                                ..Route::DEFAULT
+                            },
                         );
-                        let differ = tiled
-                            .iter()
-                            .zip(&per_query)
-                            .filter(|(a, b)| a.to_bits() != b.to_bits())
-                            .count();
-                        assert_eq!(
-                            differ, 0,
-                            "head dim {hd}, {n_head}/{n_kv} heads, {n_q} queries, ring {ring}, window {window:?}, softcap {softcap:?}"
-                        );
+                        // A paged cache's tiles with scores streamed a key
+                        // tile at a time: one query position, then several.
+                        let mut streamed = Vec::new();
+                        for score_bytes in [4096, 16384] {
+                            let mut out = vec![3.0; n_q * n_head * hd];
+                            let route = Route {
+                                tiled: true,
+                                score_bytes,
+                            };
+                            let pager = Recorder::default();
+                            attend(
+                                &q,
+                                &q_pos,
+                                k,
+                                v,
+                                &key_pos,
+                                &cfg,
+                                sinks,
+                                Some(&pager),
+                                &mut out,
+                                route,
+                            );
+                            streamed.push(out);
+                        }
+                        for (path, out) in [
+                            ("tiled", &tiled),
+                            ("streamed", &streamed[0]),
+                            ("streamed", &streamed[1]),
+                        ] {
+                            let differ = out
+                                .iter()
+                                .zip(&per_query)
+                                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                                .count();
+                            assert_eq!(
+                                differ, 0,
+                                "{path}: head dim {hd}, {n_head}/{n_kv} heads, {n_q} queries, ring {ring}, window {window:?}, softcap {softcap:?}"
+                            );
+                        }
                     }
                 }
             }
