@@ -77,19 +77,19 @@ fn k_quant_pair_tiles_match_one_row_kernels() {
     }
 }
 
-/// From 16 tokens, Q4_K and Q6_K row groups go through 8-row panels (on AVX-512 VNNI):
-/// whole panels, the group's last rows, and a ragged last token tile all keep the bits.
+/// From 16 tokens, Q4_K and Q6_K row groups go through 16- and 8-row panels (on AVX-512
+/// VNNI): whole panels, the group's last rows, and a ragged last token tile all keep the bits.
 #[test]
 fn k_quant_panels_match_one_row_kernels() {
     for (i, t) in [GgmlType::Q4_K, GgmlType::Q6_K].into_iter().enumerate() {
-        for (j, (rows, n)) in [(8, 16), (37, 16), (37, 19), (64, 23), (129, 17)]
+        for (j, (rows, n)) in [(8, 16), (37, 16), (37, 19), (64, 23), (129, 17), (16, 16)]
             .into_iter()
             .enumerate()
         {
             rows_alone_match_matrix(t, rows, 3, n, (40 + 10 * i + j) as u64);
         }
         // Rows of 40 blocks (5,760 / 8,400 bytes): row groups of 33 / 23 rows, cut to
-        // whole panels.
+        // whole panels (32 / 16 rows).
         rows_alone_match_matrix(t, 80, 40, 16, 47 + i as u64);
     }
 }

@@ -78,12 +78,19 @@ impl Bytes {
                 .len(len)
                 .map_mut(file)?
         };
-        // A page-cache folio that a huge page can map would come in whole
-        // (2 MiB) at a touch of one row, and rows past the written ones
-        // would stay mapped: pages come in 4 KiB at a time instead. Only
+        // A touch of one row maps the whole page-cache folio around it, and
+        // the kernel's read-around on a fault builds large folios (up to
+        // 2 MiB): a pass over the keys would keep about a folio ahead of
+        // it mapped, per thread and per store, past the rows it released.
+        // Random access turns the read-around off, so the file's pages are
+        // cached (and mapped) 4 KiB at a time; the weight engine reads each
+        // layer's pages ahead itself. Nor may a huge page map them. Only
         // memory is at stake, so a kernel without the advice is no error.
         #[cfg(target_os = "linux")]
-        let _ = map.advise(memmap2::Advice::NoHugePage);
+        {
+            let _ = map.advise(memmap2::Advice::NoHugePage);
+            let _ = map.advise(memmap2::Advice::Random);
+        }
         Ok(Bytes::Mapped {
             map,
             file_offset: Some(offset),
@@ -101,10 +108,10 @@ impl Bytes {
             Bytes::Heap(v) => bytemuck::cast_slice_mut(v),
         }
     }
-    /// Unmap the pages of the first `len` bytes from the process (a
-    /// file-backed store only: its data stays in the page cache and file).
-    fn release(&self, len: usize) {
-        self.release_range(0..len);
+    /// Unmap every page of the store from the process (a file-backed store
+    /// only: its data stays in the page cache and file).
+    fn release_all(&self) {
+        self.release_range(0..usize::MAX);
     }
     /// Unmap the pages covering bytes `range` (rounded out to whole pages)
     /// from the process; file-backed stores only.
@@ -695,7 +702,7 @@ impl LayerPages<'_> {
         // the rows the layer wrote since, and pages mapped around the last
         // ones, go too.
         for (store, _) in self.stores {
-            store.release(usize::MAX);
+            store.release_all();
         }
     }
 }

@@ -42,6 +42,8 @@ const MAX_TOKEN_TILE: usize = 8;
 const ROW_GROUP_BYTES: usize = 192 * 1024;
 /// Rows per kernel call in the GEMM path (their tile outputs go through a stack buffer).
 const TILE_ROWS: usize = 64;
+// A panel tile's outputs fit the tile buffer of `run_panels`.
+const _: () = assert!(panel::MAX_PANEL_ROWS <= TILE_ROWS);
 /// Most matrices [`NativeKernels::matmul_many`] runs as one pool job (Q, K, V; gate, up).
 const MAX_SHARED_JOB: usize = 4;
 /// From this many tokens per call, Q4_K and Q6_K row groups are repacked into panels
@@ -125,10 +127,10 @@ const fn fused<B: flatrun_dequant::BlockFormat>() -> Partner {
 
 thread_local! {
     /// Caller-side quantized activations, reused across calls.
-    static ACTS_Q8: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
+    static ACTS_Q8: RefCell<Quantized<BlockQ8>> = RefCell::new(Quantized::default());
     /// [`ACTS_Q8`] offset for the signed formats' panel tiles (`panel::offset_acts`).
     static ACTS_Q8_OFFSET: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
-    static ACTS_Q8K: RefCell<Vec<BlockQ8K>> = const { RefCell::new(Vec::new()) };
+    static ACTS_Q8K: RefCell<Quantized<BlockQ8K>> = RefCell::new(Quantized::default());
     /// Caller-side activations rounded to f16/bf16 for f16/bf16 weights.
     static ACTS_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// Worker-side decoded row for formats without a fused kernel.
@@ -315,6 +317,49 @@ impl<B> BlocksPtr<B> {
     }
 }
 
+/// A thread's quantized activations, and the shared input they are of, if any.
+#[derive(Default)]
+struct Quantized<B> {
+    blocks: Vec<B>,
+    of: Option<SharedKey>,
+}
+
+/// Activations quantized from a shared input ([`crate::with_shared_input`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct SharedKey {
+    scope: u64,
+    n_tokens: usize,
+    cols: usize,
+}
+
+impl<B: Clone + Default + Send> Quantized<B> {
+    /// The first `n_tokens · cols` values of `x` as blocks of `block` values: quantized
+    /// by `quantize` here, unless these blocks already are that input's (the same shared
+    /// input, the same shape).
+    fn make(
+        &mut self,
+        x: &[f32],
+        n_tokens: usize,
+        cols: usize,
+        block: usize,
+        quantize: fn(&[f32], &mut [B]),
+    ) -> &[B] {
+        let key = crate::shared_input::scope_of(x).map(|scope| SharedKey {
+            scope,
+            n_tokens,
+            cols,
+        });
+        if key.is_none() || self.of != key {
+            self.of = None;
+            self.blocks.clear();
+            self.blocks.resize(n_tokens * cols / block, B::default());
+            quantize_tokens(&x[..n_tokens * cols], n_tokens, &mut self.blocks, quantize);
+            self.of = key;
+        }
+        &self.blocks
+    }
+}
+
 /// Quantize the `n_tokens` rows of `x` into `out` (the same number of blocks per token),
 /// tokens split over the pool when there are many: each token's blocks depend on its row only.
 fn quantize_tokens<B: Send>(
@@ -432,10 +477,11 @@ impl RowSplit {
     }
 
     /// [`Self::run`] for a format with panels (`panel.rs`): each row group's whole panels
-    /// are repacked once and multiplied by every full tile of 4 tokens through the panel
-    /// tile; the group's last rows (fewer than a panel) and the last tokens (fewer than 4)
-    /// take `kernel`, the raw-row kernel of the same float order. The tile reads
-    /// `panel_acts` ([`panel::PanelFormat::tile_acts`]), the kernel `acts`.
+    /// are repacked once and multiplied by every full tile of tokens (the format's widest,
+    /// then 4) through the panel tile; the group's last rows (fewer than a panel) and the
+    /// last tokens (fewer than 4) take `kernel`, the raw-row kernel of the same float
+    /// order. The tile reads `panel_acts` ([`panel::PanelFormat::tile_acts`]), the kernel
+    /// `acts`.
     #[allow(clippy::too_many_arguments)]
     fn run_panels<'a, A>(
         &self,
@@ -453,50 +499,64 @@ impl RowSplit {
         let panel_lines = (rb / format.block_bytes * format.lines_per_block).max(1);
         let (r0, r1) = (c * self.chunk, ((c + 1) * self.chunk).min(rows));
         // Groups of whole panels where a group holds one (chunks are multiples of 16 rows).
+        let pr = format.rows;
         let group = match self.group {
-            g if g >= panel::PANEL_ROWS => g - g % panel::PANEL_ROWS,
+            g if g >= pr => g - g % pr,
             g => g,
         };
-        let mut tile_out = [0f32; TOKEN_TILE * TILE_ROWS];
+        let mut tile_out = [0f32; MAX_TOKEN_TILE * TILE_ROWS];
         let mut packed = PANELS.with(|p| p.take());
         for g0 in (r0..r1).step_by(group) {
             let g1 = (g0 + group).min(r1);
-            let p1 = g0 + (g1 - g0) / panel::PANEL_ROWS * panel::PANEL_ROWS;
+            let p1 = g0 + (g1 - g0) / pr * pr;
             (format.repack)(&w.data[g0 * rb..p1 * rb], rb, &mut packed);
             let mut t0 = 0;
             while t0 < n_tokens {
-                let nt = (n_tokens - t0).min(TOKEN_TILE);
-                let token_rows = |of: &'a [A]| -> [&'a [A]; TOKEN_TILE] {
+                // The format's widest tile where the tokens left fill it, else 4, else the rest.
+                let left = n_tokens - t0;
+                let nt = if left >= format.tokens {
+                    format.tokens
+                } else {
+                    left.min(TOKEN_TILE)
+                };
+                let token_rows = |of: &'a [A]| -> [&'a [A]; MAX_TOKEN_TILE] {
                     std::array::from_fn(|k| {
                         let t = (t0 + k).min(n_tokens - 1);
                         &of[t * acts_per_token..(t + 1) * acts_per_token]
                     })
                 };
                 let tokens = token_rows(acts);
+                // Rows `s0..s1` × this tile's tokens through the raw kernel, 4 tokens a call.
+                let raw = |s0: usize, s1: usize, buf: &mut [f32]| {
+                    for k0 in (0..nt).step_by(TOKEN_TILE) {
+                        let m = (nt - k0).min(TOKEN_TILE);
+                        for s in (s0..s1).step_by(TILE_ROWS) {
+                            let e = (s + TILE_ROWS).min(s1);
+                            let o = &mut buf[..(e - s) * m];
+                            kernel(&w.data[s * rb..e * rb], &tokens[k0..k0 + m], o);
+                            scatter(out_ptr, rows, t0 + k0, s, m, o);
+                        }
+                    }
+                };
                 // The raw kernel from `s0` on (the rows no panel holds, or every row).
                 let mut s0 = g0;
-                if nt == TOKEN_TILE {
+                if nt >= TOKEN_TILE {
                     let panel_tokens = token_rows(panel_acts);
-                    for (p, lines) in packed[..(p1 - g0) / panel::PANEL_ROWS * panel_lines]
+                    for (p, lines) in packed[..(p1 - g0) / pr * panel_lines]
                         .chunks_exact(panel_lines)
                         .enumerate()
                     {
-                        let o = &mut tile_out[..TOKEN_TILE * panel::PANEL_ROWS];
-                        let r = g0 + p * panel::PANEL_ROWS;
-                        if !(format.tile)(lines, &panel_tokens, o, one_token) {
-                            kernel(&w.data[r * rb..(r + panel::PANEL_ROWS) * rb], &tokens, o);
+                        let o = &mut tile_out[..nt * pr];
+                        let r = g0 + p * pr;
+                        if (format.tile)(lines, &panel_tokens[..nt], o, one_token) {
+                            scatter(out_ptr, rows, t0, r, nt, o);
+                        } else {
+                            raw(r, r + pr, &mut tile_out);
                         }
-                        scatter(out_ptr, rows, t0, r, nt, o);
                     }
                     s0 = p1;
                 }
-                while s0 < g1 {
-                    let s1 = (s0 + TILE_ROWS).min(g1);
-                    let o = &mut tile_out[..(s1 - s0) * nt];
-                    kernel(&w.data[s0 * rb..s1 * rb], &tokens[..nt], o);
-                    scatter(out_ptr, rows, t0, s0, nt, o);
-                    s0 = s1;
-                }
+                raw(s0, g1, &mut tile_out);
                 t0 += nt;
             }
         }
@@ -561,10 +621,8 @@ impl Kernels for NativeKernels {
             (Partner::Mlx, _) => self.matmul_mlx_f32(w, x, n_tokens, out)?,
             (Partner::Q8, WeightFormat::Ggml(t)) => {
                 // Quantize every token's activations once, into the reused buffer.
-                let mut acts = ACTS_Q8.with(|c| c.take());
-                acts.clear();
-                acts.resize(n_tokens * cols / QK8, BlockQ8::default());
-                quantize_tokens(x, n_tokens, &mut acts, quantize_q8);
+                let mut quantized = ACTS_Q8.with(|c| c.take());
+                let acts = quantized.make(x, n_tokens, cols, QK8, quantize_q8);
                 let rb = w.row_bytes();
                 let per_token = cols / QK8;
                 let kernel =
@@ -573,35 +631,33 @@ impl Kernels for NativeKernels {
                     Some(format) => {
                         let mut offset = ACTS_Q8_OFFSET.with(|c| c.take());
                         if format.0.offset_acts {
-                            panel::offset_acts(&acts, &mut offset);
+                            panel::offset_acts(acts, &mut offset);
                         }
-                        let both = (&acts[..], format.0.tile_acts(&acts, &offset));
+                        let both = (acts, format.0.tile_acts(acts, &offset));
                         self.for_panels(w, both, per_token, n_tokens, out, format, &kernel);
                         ACTS_Q8_OFFSET.with(|c| c.replace(offset));
                     }
                     None => {
-                        self.for_rows_tiled(w, &acts, per_token, n_tokens, d.q8_tile, out, kernel)
+                        self.for_rows_tiled(w, acts, per_token, n_tokens, d.q8_tile, out, kernel)
                     }
                 }
-                ACTS_Q8.with(|c| c.replace(acts));
+                ACTS_Q8.with(|c| c.replace(quantized));
             }
             (Partner::Q8K, WeightFormat::Ggml(t)) => {
-                let mut acts = ACTS_Q8K.with(|c| c.take());
-                acts.clear();
-                acts.resize(n_tokens * cols / QK_K, BlockQ8K::default());
-                quantize_tokens(x, n_tokens, &mut acts, quantize_q8k);
+                let mut quantized = ACTS_Q8K.with(|c| c.take());
+                let acts = quantized.make(x, n_tokens, cols, QK_K, quantize_q8k);
                 let rb = w.row_bytes();
                 let q8k = self.q8k_kernel(n_tokens);
                 let kernel =
                     |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| q8k(t, rows, rb, tile, o);
                 match self.panel(w, n_tokens) {
                     Some(format) => {
-                        let both = (&acts[..], &acts[..]);
+                        let both = (acts, acts);
                         self.for_panels(w, both, cols / QK_K, n_tokens, out, format, &kernel)
                     }
-                    None => self.for_rows(w, &acts, cols / QK_K, n_tokens, out, kernel),
+                    None => self.for_rows(w, acts, cols / QK_K, n_tokens, out, kernel),
                 }
-                ACTS_Q8K.with(|c| c.replace(acts));
+                ACTS_Q8K.with(|c| c.replace(quantized));
             }
             (Partner::F32, WeightFormat::Ggml(t)) => {
                 let rb = w.row_bytes();
@@ -690,25 +746,25 @@ impl Kernels for NativeKernels {
         }
         // Quantize the activations once per dot partner the matrices need.
         let needs = |p: fn(Partner) -> bool| ws.iter().any(|w| p(partner(w.format)));
-        let mut q8 = ACTS_Q8.with(|c| c.take());
-        if needs(|p| matches!(p, Partner::Q8)) {
-            q8.clear();
-            q8.resize(n_tokens * cols / QK8, BlockQ8::default());
-            quantize_tokens(x, n_tokens, &mut q8, quantize_q8);
-        }
+        let mut q8_quantized = ACTS_Q8.with(|c| c.take());
+        let q8: &[BlockQ8] = if needs(|p| matches!(p, Partner::Q8)) {
+            q8_quantized.make(x, n_tokens, cols, QK8, quantize_q8)
+        } else {
+            &[]
+        };
         let mut q8_offset = ACTS_Q8_OFFSET.with(|c| c.take());
         if ws.iter().any(|w| {
             self.legacy_panel(w, n_tokens)
                 .is_some_and(|f| f.0.offset_acts)
         }) {
-            panel::offset_acts(&q8, &mut q8_offset);
+            panel::offset_acts(q8, &mut q8_offset);
         }
-        let mut q8k = ACTS_Q8K.with(|c| c.take());
-        if needs(|p| matches!(p, Partner::Q8K)) {
-            q8k.clear();
-            q8k.resize(n_tokens * cols / QK_K, BlockQ8K::default());
-            quantize_tokens(x, n_tokens, &mut q8k, quantize_q8k);
-        }
+        let mut q8k_quantized = ACTS_Q8K.with(|c| c.take());
+        let q8k: &[BlockQ8K] = if needs(|p| matches!(p, Partner::Q8K)) {
+            q8k_quantized.make(x, n_tokens, cols, QK_K, quantize_q8k)
+        } else {
+            &[]
+        };
         // Task g of the joint job is chunk g − first[i] of matrix i.
         let mut splits = [RowSplit {
             chunk: 1,
@@ -724,7 +780,7 @@ impl Kernels for NativeKernels {
         }
         let total = first[ws.len()];
         let (d, q8k_rows) = (self.dispatch, self.q8k_kernel(n_tokens));
-        let (q8_acts, q8_offset_acts, q8k_acts) = (&q8[..], &q8_offset[..], &q8k[..]);
+        let (q8_acts, q8_offset_acts, q8k_acts) = (q8, &q8_offset[..], q8k);
         let task = |g: usize| {
             let i = (0..ws.len()).rfind(|&i| first[i] <= g).unwrap_or(0);
             let (w, c) = (ws[i], g - first[i]);
@@ -804,9 +860,9 @@ impl Kernels for NativeKernels {
         } else {
             crate::threads::parallel_for(total, &task);
         }
-        ACTS_Q8.with(|c| c.replace(q8));
+        ACTS_Q8.with(|c| c.replace(q8_quantized));
         ACTS_Q8_OFFSET.with(|c| c.replace(q8_offset));
-        ACTS_Q8K.with(|c| c.replace(q8k));
+        ACTS_Q8K.with(|c| c.replace(q8k_quantized));
         Ok(())
     }
 

@@ -1,18 +1,20 @@
 //! Q4_K, Q6_K and the 32-value formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL) repacked
-//! into panels of 8 rows for the prefill GEMM, as ggml's
+//! into panels of 8 or 16 rows for the prefill GEMM, as ggml's
 //! `repack.cpp` interleaves Q4_K rows at load, but done per L2-sized row group inside
 //! each matrix multiplication (so streamed layers, used straight from their read buffer,
 //! get it too): the group is walked by every tile of 4 tokens, and its repacking costs
 //! about one of those walks.
 //!
-//! In a panel one 64-byte vector holds 8 bytes of packed nibbles from each of the 8 rows,
-//! so a tile kernel multiplies all 8 rows by one token's 8 (broadcast) activation bytes at
-//! once and every lane pair of its accumulator belongs to one row: no horizontal sums until
-//! the end of each 64-value chunk (Q4_K) or block (Q6_K), or, for the 32-value formats,
-//! whose float order keeps eight lanes of four values per output (ggml's `vec_dot`), each
-//! row's lanes stay apart in two vector lanes per 8 values until the end. The scales,
-//! mins and super-block scales (and the values of the 5-, 6- and 8-bit formats, and
-//! IQ4_NL's codebook lookups) are unpacked once here instead of once per token tile.
+//! In a panel one 64-byte vector holds a few bytes of each of its rows: 8 bytes of each of
+//! 8 rows (Q6_K, the 32-value formats), or 4 packed bytes of each of 16 rows (Q4_K). A tile
+//! kernel multiplies all the rows by one token's broadcast activation bytes at once and
+//! every lane (Q4_K) or lane pair of its accumulator belongs to one row: no horizontal sums
+//! until the end of each 64-value chunk (Q4_K: none) or block (Q6_K), or, for the
+//! 32-value formats, whose float order keeps eight lanes of four values per output (ggml's
+//! `vec_dot`), each row's lanes stay apart in two vector lanes per 8 values until the end.
+//! The scales, mins and super-block scales (and the values of the 5-, 6- and 8-bit
+//! formats, and IQ4_NL's codebook lookups) are unpacked once here instead of once per token
+//! tile.
 
 use bytemuck::{Pod, Zeroable};
 use flatrun_dequant::blocks::k_quants::scale_min_k4;
@@ -25,22 +27,32 @@ use flatrun_format::GgmlType;
 
 use crate::native::quantize::{BlockQ8, BlockQ8K};
 
-/// Rows per panel.
+/// Rows per panel of Q6_K and the 32-value formats.
 pub(crate) const PANEL_ROWS: usize = 8;
+
+/// Rows per Q4_K panel: one i32 lane per row ([`Q4kPanelBlock`]).
+pub(crate) const Q4K_PANEL_ROWS: usize = 16;
+
+/// The most rows a panel of any format holds.
+pub(crate) const MAX_PANEL_ROWS: usize = Q4K_PANEL_ROWS;
 
 /// The unit of a panel buffer: one cache line. A panel block is a whole number of them.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Line(pub(crate) [u8; 64]);
 
-/// One panel (8 rows × every block of a row) × 4 token rows of activation blocks `A` →
-/// `out[r·4 + t]`, in the one-token order if asked; `false` (nothing written) for a call it
-/// cannot take.
+/// One panel (its rows × every block of a row) × `nt` token rows of activation blocks `A`
+/// (4, or the format's [`PanelFormat::tokens`]) → `out[r·nt + t]`, in the one-token order
+/// if asked; `false` (nothing written) for a call it cannot take.
 pub(crate) type PanelTile<A> = fn(&[Line], &[&[A]], &mut [f32], bool) -> bool;
 
 /// How one format is repacked and multiplied in panels.
 pub(crate) struct PanelFormat<A> {
-    /// Lines per panel block (8 rows × one block).
+    /// Rows per panel.
+    pub(crate) rows: usize,
+    /// The widest token tile `tile` takes (4 or 8; every tile takes 4).
+    pub(crate) tokens: usize,
+    /// Lines per panel block (a panel's rows × one block).
     pub(crate) lines_per_block: usize,
     /// Raw bytes of one row's block.
     pub(crate) block_bytes: usize,
@@ -78,6 +90,8 @@ pub(crate) fn panel_format(
 ) -> Option<PanelFormat<BlockQ8K>> {
     match t {
         GgmlType::Q4_K => q4k.map(|tile| PanelFormat {
+            rows: Q4K_PANEL_ROWS,
+            tokens: 8,
             lines_per_block: std::mem::size_of::<Q4kPanelBlock>() / 64,
             block_bytes: BlockQ4K::BLOCK_BYTES,
             repack: repack_q4k,
@@ -86,6 +100,8 @@ pub(crate) fn panel_format(
             offset_acts: false,
         }),
         GgmlType::Q6_K => q6k.map(|tile| PanelFormat {
+            rows: PANEL_ROWS,
+            tokens: 4,
             lines_per_block: std::mem::size_of::<Q6kPanelBlock>() / 64,
             block_bytes: BlockQ6K::BLOCK_BYTES,
             repack: repack_q6k,
@@ -97,28 +113,29 @@ pub(crate) fn panel_format(
     }
 }
 
-/// One Q4_K super-block (256 values) of 8 rows, laid out for [`PANEL_ROWS`]-row tiles.
+/// One Q4_K super-block (256 values) of 16 rows, laid out for [`Q4K_PANEL_ROWS`]-row tiles:
+/// 4 bytes of each row per vector, so each i32 lane of a `vpdpbusd` sum is one row's.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Q4kPanelBlock {
-    /// Vector `4c + g` (chunk c = 0..4 of 64 values, byte group g = 0..4): row r's packed
-    /// bytes `32c + 8g .. 32c + 8g + 8` at bytes `8r ..`. Low nibbles are values
-    /// `64c + 8g + j`, high nibbles values `64c + 32 + 8g + j`.
-    pub(crate) qs: [[u8; 64]; 16],
-    /// Vector `2c + h`: row r's scale of sub-block `2c + h` as i16 in lanes `4r` and `4r + 2`,
-    /// 0 in `4r + 1` and `4r + 3`: one `vpdpwssd` then multiplies each of row r's two i32
-    /// lanes (a sub-block's `vpdpbusd` sums, |sum| ≤ 16·15·128 < 2¹⁵, so its low i16 is
-    /// itself and its high i16 meets the 0) by the scale.
+    /// Vector `8c + g` (chunk c = 0..4 of 64 values, byte group g = 0..8): row r's packed
+    /// bytes `32c + 4g .. 32c + 4g + 4` at bytes `4r ..`. Low nibbles are values
+    /// `64c + 4g + j`, high nibbles values `64c + 32 + 4g + j`.
+    pub(crate) qs: [[u8; 64]; 32],
+    /// Vector j: row r's scale of sub-block j as i16 in lane `2r`, 0 in lane `2r + 1`: one
+    /// `vpdpwssd` multiplies each row's i32 lane (the `vpdpbusd` sum of 16 values of a
+    /// sub-block, |sum| ≤ 16·15·128 < 2¹⁵, so its low i16 is itself and its high i16 meets
+    /// the 0) by its scale.
     pub(crate) scales: [[i16; 32]; 8],
     /// Vector j: row r's min of sub-block j as i16 in lanes `2r` and `2r + 1` (against a
     /// token's two 16-value sums of that sub-block, one `vpmaddwd`).
-    pub(crate) mins: [[i16; 16]; 8],
+    pub(crate) mins: [[i16; 32]; 8],
     /// Row r's super-block scale of the scales, and of the mins.
-    pub(crate) d: [f32; 8],
-    pub(crate) dmin: [f32; 8],
+    pub(crate) d: [f32; 16],
+    pub(crate) dmin: [f32; 16],
 }
 
-const _: () = assert!(std::mem::size_of::<Q4kPanelBlock>() == 1856);
+const _: () = assert!(std::mem::size_of::<Q4kPanelBlock>() == 3200);
 
 /// One Q6_K super-block of 8 rows.
 #[repr(C, align(64))]
@@ -149,17 +166,17 @@ fn blocks_of<B: Pod>(out: &mut Vec<Line>, n_blocks: usize) -> &mut [B] {
     bytemuck::cast_slice_mut(&mut out[..n])
 }
 
-/// Repack `rows` (whole Q4_K rows of `rb` bytes, a multiple of [`PANEL_ROWS`] of them) into
-/// `out`: panel p's blocks are blocks `p·nb .. (p + 1)·nb`, `nb` = blocks per row.
+/// Repack `rows` (whole Q4_K rows of `rb` bytes, a multiple of [`Q4K_PANEL_ROWS`] of them)
+/// into `out`: panel p's blocks are blocks `p·nb .. (p + 1)·nb`, `nb` = blocks per row.
 pub(crate) fn repack_q4k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
     let nb = rb / BlockQ4K::BLOCK_BYTES;
-    let panels = rows.len() / rb / PANEL_ROWS;
+    let panels = rows.len() / rb / Q4K_PANEL_ROWS;
     let out: &mut [Q4kPanelBlock] = blocks_of(out, panels * nb);
     for p in 0..panels {
         for i in 0..nb {
             let dst = &mut out[p * nb + i];
-            for r in 0..PANEL_ROWS {
-                let at = (p * PANEL_ROWS + r) * rb + i * BlockQ4K::BLOCK_BYTES;
+            for r in 0..Q4K_PANEL_ROWS {
+                let at = (p * Q4K_PANEL_ROWS + r) * rb + i * BlockQ4K::BLOCK_BYTES;
                 let b = &rows[at..at + BlockQ4K::BLOCK_BYTES];
                 let f16_at = |o: usize| half::f16::from_le_bytes([b[o], b[o + 1]]).to_f32();
                 dst.d[r] = f16_at(BlockQ4K::D_OFFSET);
@@ -168,25 +185,21 @@ pub(crate) fn repack_q4k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                 sc.copy_from_slice(&b[BlockQ4K::SCALES_OFFSET..BlockQ4K::SCALES_OFFSET + 12]);
                 for j in 0..8 {
                     let (s, m) = scale_min_k4(j, &sc);
-                    dst.scales[j][4 * r..4 * r + 4].copy_from_slice(&[
-                        i16::from(s),
-                        0,
-                        i16::from(s),
-                        0,
-                    ]);
+                    dst.scales[j][2 * r..2 * r + 2].copy_from_slice(&[i16::from(s), 0]);
                     dst.mins[j][2 * r..2 * r + 2].fill(i16::from(m));
                 }
                 let qs = &b[BlockQ4K::QS_OFFSET..BlockQ4K::QS_OFFSET + 128];
-                for (v, src) in qs.chunks_exact(8).enumerate() {
-                    // Byte group v of the 128 packed bytes is (c, g) = (v / 4, v % 4).
-                    dst.qs[v][8 * r..8 * r + 8].copy_from_slice(src);
+                for (v, src) in qs.chunks_exact(4).enumerate() {
+                    // Byte group v of the 128 packed bytes is (c, g) = (v / 8, v % 8).
+                    dst.qs[v][4 * r..4 * r + 4].copy_from_slice(src);
                 }
             }
         }
     }
 }
 
-/// Repack whole Q6_K rows as [`repack_q4k`] does Q4_K rows.
+/// Repack whole Q6_K rows (a multiple of [`PANEL_ROWS`] of them) as [`repack_q4k`] does
+/// Q4_K rows.
 pub(crate) fn repack_q6k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
     let nb = rb / BlockQ6K::BLOCK_BYTES;
     let panels = rows.len() / rb / PANEL_ROWS;
@@ -268,6 +281,8 @@ pub(crate) fn legacy_panel_format(
         _ => return None,
     };
     Some(PanelFormat {
+        rows: PANEL_ROWS,
+        tokens: 4,
         lines_per_block: std::mem::size_of::<LegacyPanelBlock>() / 64,
         block_bytes: t.type_size(),
         repack,
@@ -465,5 +480,52 @@ fn repack_legacy<const T: u32>(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                 dst.m[r] = m;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::SimdLevel;
+    use crate::native::dispatch::Dispatch;
+
+    /// On a level with panel tiles, each tile takes a well-formed call of whole panels: the
+    /// GEMM tests (`tests/gemm_tiles.rs`) hold the panels' bits to the row kernels', which
+    /// says nothing if every call fell back to the rows.
+    #[test]
+    fn panel_tiles_take_whole_panels() {
+        if !crate::supported_levels().contains(&SimdLevel::Avx512Vnni) {
+            return;
+        }
+        let d = Dispatch::for_level(SimdLevel::Avx512Vnni);
+        let acts = [BlockQ8K::default(); 2];
+        let tokens: [&[BlockQ8K]; 8] = [&acts; 8];
+        let mut out = [f32::NAN; 8 * MAX_PANEL_ROWS];
+        for t in [GgmlType::Q4_K, GgmlType::Q6_K] {
+            let f = panel_format(t, d.q4k_panel, d.q6k_panel).expect("a K-quant panel format");
+            let raw = vec![0u8; f.rows * 2 * f.block_bytes];
+            let mut lines = Vec::new();
+            (f.repack)(&raw, 2 * f.block_bytes, &mut lines);
+            for nt in [4, f.tokens] {
+                out.fill(f32::NAN);
+                assert!(
+                    (f.tile)(&lines, &tokens[..nt], &mut out, false),
+                    "{t:?} × {nt}"
+                );
+                assert!(out[..nt * f.rows].iter().all(|&x| x == 0.0));
+                // Too few outputs for the panel's rows: refused, not written past.
+                let short = &mut out[..nt * f.rows - 1];
+                assert!(!(f.tile)(&lines, &tokens[..nt], short, false));
+            }
+            // A tile of tokens the format has no kernel for.
+            assert!(!(f.tile)(&lines, &tokens[..5], &mut out, false));
+        }
+        let q8 = [crate::native::quantize::BlockQ8::default(); 2];
+        let q8_tokens: [&[crate::native::quantize::BlockQ8]; 4] = [&q8; 4];
+        let f = legacy_panel_format(GgmlType::Q4_0, d.q8_panel).expect("a Q4_0 panel format");
+        let raw = vec![0u8; f.rows * 2 * f.block_bytes];
+        let mut lines = Vec::new();
+        (f.repack)(&raw, 2 * f.block_bytes, &mut lines);
+        assert!((f.tile)(&lines, &q8_tokens, &mut out, true));
     }
 }

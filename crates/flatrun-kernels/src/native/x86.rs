@@ -27,15 +27,15 @@ mod legacy;
 #[path = "x86_panel.rs"]
 mod panel;
 
-/// Whether a panel tile call is well formed: 4 token rows, each holding every block of
-/// `blocks`, and room for the 32 outputs.
-fn panel_call_ok<B, A>(blocks: &[B], acts: &[&[A]], out: &[f32]) -> bool {
-    acts.len() == 4
-        && out.len() >= 4 * super::panel::PANEL_ROWS
+/// Whether a panel tile call is well formed: 4 token rows (or `wide`), each holding every
+/// block of `blocks`, and room for the outputs of `rows` rows.
+fn panel_call_ok<B, A>(blocks: &[B], acts: &[&[A]], out: &[f32], rows: usize, wide: usize) -> bool {
+    (acts.len() == 4 || acts.len() == wide)
+        && out.len() >= acts.len() * rows
         && acts.iter().all(|a| a.len() >= blocks.len())
 }
 
-/// One Q4_K panel × 4 tokens (see `x86_panel.rs`), checked: `false` for a malformed call.
+/// One Q4_K panel × 4 or 8 tokens (see `x86_panel.rs`), checked: `false` for a malformed call.
 /// Only for a host with AVX-512 VNNI (the dispatch table of that level hands it out).
 pub(crate) fn q4k_panel_tile(
     lines: &[super::panel::Line],
@@ -46,16 +46,17 @@ pub(crate) fn q4k_panel_tile(
     let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::Q4kPanelBlock>(lines) else {
         return false;
     };
-    if !panel_call_ok(blocks, acts, out) {
+    if !panel_call_ok(blocks, acts, out, super::panel::Q4K_PANEL_ROWS, 8) {
         return false;
     }
     // SAFETY: dispatch only hands this out on a host with the kernel's features, and the
     // slices were checked just above.
     unsafe {
-        if one_token {
-            panel::q4_k_panel_8x4::<true>(blocks, acts, out)
-        } else {
-            panel::q4_k_panel_8x4::<false>(blocks, acts, out)
+        match (one_token, acts.len()) {
+            (true, 4) => panel::q4_k_panel_16::<true, 4>(blocks, acts, out),
+            (false, 4) => panel::q4_k_panel_16::<false, 4>(blocks, acts, out),
+            (true, _) => panel::q4_k_panel_16::<true, 8>(blocks, acts, out),
+            (false, _) => panel::q4_k_panel_16::<false, 8>(blocks, acts, out),
         }
     }
     true
@@ -74,7 +75,7 @@ pub(crate) fn legacy_panel_tile<const UNSIGNED: bool>(
     let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::LegacyPanelBlock>(lines) else {
         return false;
     };
-    if !panel_call_ok(blocks, acts, out) {
+    if !panel_call_ok(blocks, acts, out, super::panel::PANEL_ROWS, 4) {
         return false;
     }
     // SAFETY: as in `q4k_panel_tile`.
@@ -93,7 +94,7 @@ pub(crate) fn q6k_panel_tile(
     let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::Q6kPanelBlock>(lines) else {
         return false;
     };
-    if one_token || !panel_call_ok(blocks, acts, out) {
+    if one_token || !panel_call_ok(blocks, acts, out, super::panel::PANEL_ROWS, 4) {
         return false;
     }
     // SAFETY: as in `q4k_panel_tile`.

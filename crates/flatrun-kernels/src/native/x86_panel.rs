@@ -1,4 +1,5 @@
-//! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 8 rows × 4 tokens.
+//! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 16 rows × 4 or 8 tokens (Q4_K),
+//! 8 rows × 4 tokens (the others).
 // Index loops over parallel per-token arrays (registers, activations, outputs) read as the
 // tile's equations.
 #![allow(clippy::needless_range_loop)]
@@ -27,24 +28,6 @@ pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
     acc
 }
 
-/// [`dpwssd`] on 256-bit registers.
-#[inline]
-#[target_feature(enable = "avx512vl,avx512vnni")]
-fn dpwssd256(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
-    let mut acc = acc;
-    // SAFETY: register-only, and this function's features include VNNI on 256 bits.
-    unsafe {
-        std::arch::asm!(
-            "vpdpwssd {acc}, {a}, {b}",
-            acc = inout(ymm_reg) acc,
-            a = in(ymm_reg) a,
-            b = in(ymm_reg) b,
-            options(pure, nomem, nostack, preserves_flags)
-        );
-    }
-    acc
-}
-
 /// The 8 i32 sums of each row's two lanes (row r owns lanes `2r`, `2r + 1`), exact.
 #[inline]
 #[target_feature(enable = "avx2,avx512f")]
@@ -52,40 +35,20 @@ fn row_sums(v: __m512i) -> __m256i {
     _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64::<32>(v)))
 }
 
-/// [`row_sums`] of two registers at once: `[a's 8 row sums | b's 8 row sums]`, exact.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-fn pair_row_sums(a: __m512i, b: __m512i) -> __m512i {
-    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    _mm512_add_epi32(
-        _mm512_permutex2var_epi32(a, even, b),
-        _mm512_permutex2var_epi32(a, odd, b),
-    )
-}
-
-/// The two 256-bit halves of `v`.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-fn halves(v: __m512) -> (__m256, __m256) {
-    (
-        _mm512_castps512_ps256(v),
-        _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v))),
-    )
-}
-
-/// One panel (8 rows, `blocks` = its `nb` super-blocks) × 4 Q8_K token rows, bit for bit
+/// One panel (16 rows, `blocks` = its `nb` super-blocks) × `T` Q8_K token rows, bit for bit
 /// the outputs of the one-row Q4_K kernels in the same order: per output, one FMA per
 /// 64-value chunk into a scale and a min accumulator (ggml's repacked GEMM), or with
 /// `ONE_TOKEN` one FMA per 256 values (its repacked GEMV, the one-token order). The integer
 /// sums are exact whatever their grouping, so only the FMAs fix the bits, and they are the
-/// one-row kernels' FMAs. `out[r·4 + t]` = row r, token t.
+/// one-row kernels' FMAs. Each i32 lane is one row's, so a chunk's sums go to the FMA
+/// as they are: no horizontal sums. `out[r·T + t]` = row r, token t. With `T` = 8 each
+/// unpacked weight vector serves twice the tokens.
 ///
 /// # Safety
-/// The CPU has AVX2, FMA, AVX-512 F/BW/VL and VNNI; every `acts[t]` (4 of them) holds at
-/// least `blocks.len()` blocks; `out` holds 32 values.
+/// The CPU has AVX2, FMA, AVX-512 F/BW/VL and VNNI; every `acts[t]` (`T` of them) holds at
+/// least `blocks.len()` blocks; `out` holds `16·T` values.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
+pub(crate) unsafe fn q4_k_panel_16<const ONE_TOKEN: bool, const T: usize>(
     blocks: &[Q4kPanelBlock],
     acts: &[&[BlockQ8K]],
     out: &mut [f32],
@@ -94,97 +57,92 @@ pub(crate) unsafe fn q4_k_panel_8x4<const ONE_TOKEN: bool>(
     // blocks of each of the 4 activation rows (the caller's promise).
     unsafe {
         let m4 = _mm512_set1_epi8(0x0F);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut acc_m = [_mm256_setzero_ps(); 4];
+        let zero = _mm512_setzero_si512();
+        let mut acc = [_mm512_setzero_ps(); T];
+        let mut acc_m = [_mm512_setzero_ps(); T];
         for (i, blk) in blocks.iter().enumerate() {
-            let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
-            let d = _mm256_loadu_ps(blk.d.as_ptr());
-            let dmin = _mm256_loadu_ps(blk.dmin.as_ptr());
-            // Per token: d_w·d_a and dmin_w·d_a for the 8 rows, the one-row kernels' products.
-            let dd: [__m256; 4] = std::array::from_fn(|t| _mm256_mul_ps(d, _mm256_set1_ps(a[t].d)));
-            let dm: [__m256; 4] =
-                std::array::from_fn(|t| _mm256_mul_ps(dmin, _mm256_set1_ps(a[t].d)));
-            let mut whole = [_mm512_setzero_si512(); 4];
-            // The previous chunk's sums, reduced together with the next chunk's.
-            let mut held = [_mm512_setzero_si512(); 4];
+            let a: [&BlockQ8K; T] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+            let d = _mm512_loadu_ps(blk.d.as_ptr());
+            // Per token: d_w·d_a for the 16 rows, the one-row kernels' product.
+            let dd: [__m512; T] = std::array::from_fn(|t| _mm512_mul_ps(d, _mm512_set1_ps(a[t].d)));
+            let mut whole = [zero; T];
             for c in 0..4 {
                 let s_lo = _mm512_loadu_si512(blk.scales[2 * c].as_ptr() as *const __m512i);
                 let s_hi = _mm512_loadu_si512(blk.scales[2 * c + 1].as_ptr() as *const __m512i);
-                let mut sum = if ONE_TOKEN {
-                    whole
-                } else {
-                    [_mm512_setzero_si512(); 4]
-                };
-                // Each row's two i32 lanes gather its sub-blocks' unscaled sums (2c from the
-                // low nibbles, 2c + 1 from the high), one `vpdpbusd` per vector and token.
-                let mut sub_lo = [_mm512_setzero_si512(); 4];
-                let mut sub_hi = [_mm512_setzero_si512(); 4];
-                for g in 0..4 {
-                    let w = _mm512_loadu_si512(blk.qs[4 * c + g].as_ptr() as *const __m512i);
-                    let lo = _mm512_and_si512(w, m4);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
-                    for t in 0..4 {
-                        let p = a[t].qs.as_ptr().add(64 * c + 8 * g);
-                        let a_lo = _mm512_set1_epi64((p as *const i64).read_unaligned());
-                        let a_hi = _mm512_set1_epi64((p.add(32) as *const i64).read_unaligned());
-                        sub_lo[t] = _mm512_dpbusd_epi32(sub_lo[t], lo, a_lo);
-                        sub_hi[t] = _mm512_dpbusd_epi32(sub_hi[t], hi, a_hi);
+                let mut sum = if ONE_TOKEN { whole } else { [zero; T] };
+                // Two halves of 16 values per sub-block, so that each lane's unscaled sum
+                // fits the i16 that `vpdpwssd` multiplies by the scale.
+                for half in 0..2 {
+                    let mut sub_lo = [zero; T];
+                    let mut sub_hi = [zero; T];
+                    for g in 4 * half..4 * half + 4 {
+                        let w = _mm512_loadu_si512(blk.qs[8 * c + g].as_ptr() as *const __m512i);
+                        let lo = _mm512_and_si512(w, m4);
+                        let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), m4);
+                        for t in 0..T {
+                            let p = a[t].qs.as_ptr().add(64 * c + 4 * g);
+                            let a_lo = _mm512_set1_epi32((p as *const i32).read_unaligned());
+                            let a_hi =
+                                _mm512_set1_epi32((p.add(32) as *const i32).read_unaligned());
+                            sub_lo[t] = _mm512_dpbusd_epi32(sub_lo[t], lo, a_lo);
+                            sub_hi[t] = _mm512_dpbusd_epi32(sub_hi[t], hi, a_hi);
+                        }
                     }
-                }
-                // Scaled into the chunk's sums: the scale vectors hold 0 in each i32 lane's
-                // high i16, which meets the sum's sign bits (see `Q4kPanelBlock::scales`).
-                for t in 0..4 {
-                    sum[t] = dpwssd(dpwssd(sum[t], sub_lo[t], s_lo), sub_hi[t], s_hi);
+                    // Scaled into the chunk's sums: the scale vectors hold 0 in each i32
+                    // lane's high i16, which meets the sum's sign bits (`Q4kPanelBlock::scales`).
+                    for t in 0..T {
+                        sum[t] = dpwssd(dpwssd(sum[t], sub_lo[t], s_lo), sub_hi[t], s_hi);
+                    }
                 }
                 if ONE_TOKEN {
                     whole = sum;
-                } else if c % 2 == 0 {
-                    held = sum;
                 } else {
-                    // Chunks c − 1 and c: both row sums in one register, then their FMAs
-                    // in chunk order.
-                    for t in 0..4 {
-                        let both = _mm512_cvtepi32_ps(pair_row_sums(held[t], sum[t]));
-                        let (first, second) = halves(both);
-                        acc[t] = _mm256_fmadd_ps(first, dd[t], acc[t]);
-                        acc[t] = _mm256_fmadd_ps(second, dd[t], acc[t]);
+                    for t in 0..T {
+                        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[t]), dd[t], acc[t]);
                     }
                 }
             }
             if ONE_TOKEN {
-                for t in 0..4 {
-                    acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(row_sums(whole[t])), dd[t], acc[t]);
+                for t in 0..T {
+                    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(whole[t]), dd[t], acc[t]);
                 }
             }
             // The mins against each token's 16-value sums: per chunk c, row r's
             // `min[2c]·(b[4c] + b[4c+1]) + min[2c+1]·(b[4c+2] + b[4c+3])`, each pair of sums
             // broadcast from memory.
-            let mins: [__m256i; 8] =
-                std::array::from_fn(|j| _mm256_loadu_si256(blk.mins[j].as_ptr() as *const __m256i));
-            for t in 0..4 {
+            let dmin = _mm512_loadu_ps(blk.dmin.as_ptr());
+            let mins: [__m512i; 8] =
+                std::array::from_fn(|j| _mm512_loadu_si512(blk.mins[j].as_ptr() as *const __m512i));
+            for t in 0..T {
+                let dm = _mm512_mul_ps(dmin, _mm512_set1_ps(a[t].d));
                 let bs = a[t].bsums.as_ptr() as *const i32;
-                let m: [__m256i; 4] = std::array::from_fn(|c| {
-                    let lo = _mm256_set1_epi32(bs.add(2 * c).read_unaligned());
-                    let hi = _mm256_set1_epi32(bs.add(2 * c + 1).read_unaligned());
-                    dpwssd256(_mm256_madd_epi16(mins[2 * c], lo), mins[2 * c + 1], hi)
+                let m: [__m512i; 4] = std::array::from_fn(|c| {
+                    let lo = _mm512_set1_epi32(bs.add(2 * c).read_unaligned());
+                    let hi = _mm512_set1_epi32(bs.add(2 * c + 1).read_unaligned());
+                    dpwssd(_mm512_madd_epi16(mins[2 * c], lo), mins[2 * c + 1], hi)
                 });
                 if ONE_TOKEN {
-                    let all = _mm256_add_epi32(
-                        _mm256_add_epi32(m[0], m[1]),
-                        _mm256_add_epi32(m[2], m[3]),
+                    let all = _mm512_add_epi32(
+                        _mm512_add_epi32(m[0], m[1]),
+                        _mm512_add_epi32(m[2], m[3]),
                     );
-                    acc_m[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(all), dm[t], acc_m[t]);
+                    acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(all), dm, acc_m[t]);
                 } else {
                     for mc in m {
-                        acc_m[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(mc), dm[t], acc_m[t]);
+                        acc_m[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(mc), dm, acc_m[t]);
                     }
                 }
             }
         }
-        store_transposed(
-            std::array::from_fn(|t| _mm256_sub_ps(acc[t], acc_m[t])),
-            out,
-        );
+        let mut res = [[0f32; 16]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(res[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_m[t]));
+        }
+        for r in 0..16 {
+            for t in 0..T {
+                *out.get_unchecked_mut(T * r + t) = res[t][r];
+            }
+        }
     }
 }
 
@@ -214,7 +172,7 @@ unsafe fn store_transposed(v: [__m256; 4], out: &mut [f32]) {
 /// their offset taken off through the activations' 16-value sums. `out[r·4 + t]`.
 ///
 /// # Safety
-/// As [`q4_k_panel_8x4`].
+/// As [`q4_k_panel_16`] with `T` = 4.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn q6_k_panel_8x4(
     blocks: &[Q6kPanelBlock],
@@ -269,7 +227,7 @@ pub(crate) unsafe fn q6_k_panel_8x4(
 /// so the integer sums are exactly `Σ4 a·q`. `out[r·4 + t]`.
 ///
 /// # Safety
-/// As [`q4_k_panel_8x4`]; for signed values the activations are offset.
+/// As [`q4_k_panel_16`] with `T` = 4; for signed values the activations are offset.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(crate) unsafe fn legacy_panel_8x4<const UNSIGNED: bool>(
     blocks: &[LegacyPanelBlock],

@@ -1811,6 +1811,8 @@ struct TileScratch {
     /// Per query: how many of its slots the value pass has taken.
     cursor: Vec<usize>,
     row: Vec<f32>,
+    /// A streamed tile's key tiles that some query sees ([`Tiles::streamed_passes`]).
+    seen: Vec<usize>,
 }
 
 thread_local! {
@@ -1946,25 +1948,29 @@ impl Tiles<'_> {
         let end = self.written.last().map_or(0, |&j| j + 1);
         let last_pos = s.queries[..n].iter().map(|t| t.pos).max().unwrap_or(0);
         let hd = self.cfg.head_dim;
-        // The key tiles some query of the block sees.
-        let seen = |tile: &&[usize]| tile.iter().any(|&j| self.key_pos[j] <= last_pos);
+        // The key tiles some query of the block sees, by their first index in `written`.
+        let tile = |a: usize| &self.written[a..(a + TILE_KEYS).min(self.written.len())];
+        let mut seen = std::mem::take(&mut s.seen);
+        seen.clear();
+        seen.extend(
+            (0..self.written.len())
+                .step_by(TILE_KEYS)
+                .filter(|&a| tile(a).iter().any(|&j| self.key_pos[j] <= last_pos)),
+        );
         let restart = |s: &mut TileScratch, n: usize| {
             for tq in s.queries[..n].iter_mut() {
                 tq.slots.clear();
                 tq.scores.clear();
             }
         };
-        // 1. The guess, from the first and last two tiles seen.
-        let tiles: Vec<&[usize]> = self.written.chunks(TILE_KEYS).filter(seen).collect();
-        let likely = [
-            0,
-            tiles.len().saturating_sub(2),
-            tiles.len().saturating_sub(1),
-        ];
-        for (i, tile) in tiles.iter().enumerate() {
-            if likely.contains(&i) {
-                restart(s, n);
-                self.score_tile(g, tile, n, s);
+        // 1. The guess, from the first and last two tiles seen (each once, in order).
+        if let Some(last) = seen.len().checked_sub(1) {
+            let likely = [0, last.saturating_sub(1), last];
+            for (k, &i) in likely.iter().enumerate() {
+                if k == 0 || likely[k - 1] != i {
+                    restart(s, n);
+                    self.score_tile(g, tile(seen[i]), n, s);
+                }
             }
         }
         let shift = |tq: &TileQuery| self.sink(tq.index).map_or(tq.max, |sink| tq.max.max(sink));
@@ -1974,7 +1980,8 @@ impl Tiles<'_> {
         }
         // 2. Maxima, and sums where the guess holds.
         let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
-        for tile in &tiles {
+        for &a in &seen {
+            let tile = tile(a);
             keys_behind.reach(tile[0]);
             restart(s, n);
             self.score_tile(g, tile, n, s);
@@ -2001,7 +2008,8 @@ impl Tiles<'_> {
                 tq.sum = SoftmaxSum::default();
             }
             let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
-            for tile in &tiles {
+            for &a in &seen {
+                let tile = tile(a);
                 keys_behind.reach(tile[0]);
                 restart(s, missed);
                 self.score_tile(g, tile, missed, s);
@@ -2021,7 +2029,8 @@ impl Tiles<'_> {
         // 4. The weighted values.
         let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
         let mut values_behind = Behind::new(self.pager, KvPart::Values);
-        for tile in &tiles {
+        for &a in &seen {
+            let tile = tile(a);
             keys_behind.reach(tile[0]);
             values_behind.reach(tile[0]);
             restart(s, n);
@@ -2035,6 +2044,7 @@ impl Tiles<'_> {
         }
         keys_behind.finish(end);
         values_behind.finish(end);
+        s.seen = seen;
     }
 
     /// The attention sink of query vector `index`'s head, if the model has them.
@@ -2532,59 +2542,30 @@ mod tests {
                         (KvSlice::F16(&kh), KvSlice::F16(&vh)),
                         (KvSlice::F32(&kf), KvSlice::F32(&vf)),
                     ] {
-                        let mut tiled = vec![1.0; n_q * n_head * hd];
-                        let mut per_query = vec![2.0; n_q * n_head * hd];
-                        attend(
-                            &q,
-                            &q_pos,
-                            k,
-                            v,
-                            &key_pos,
-                            &cfg,
-                            sinks,
-                            None,
-                            &mut tiled,
-                            Route::DEFAULT,
-                        );
-                        attend(
-                            &q,
-                            &q_pos,
-                            k,
-                            v,
-                            &key_pos,
-                            &cfg,
-                            sinks,
-                            None,
-                            &mut per_query,
-                            Route {
-                                tiled: false,
-                                ..Route::DEFAULT
-                            },
-                        );
+                        // Each run's output starts from its own value, so that a
+                        // place no run writes still differs.
+                        let run = |route: Route, pager: Option<&dyn KvPager>, fill: f32| {
+                            let mut out = vec![fill; n_q * n_head * hd];
+                            attend(
+                                &q, &q_pos, k, v, &key_pos, &cfg, sinks, pager, &mut out, route,
+                            );
+                            out
+                        };
+                        let tiled = run(Route::DEFAULT, None, 1.0);
+                        let unpaged = Route {
+                            tiled: false,
+                            ..Route::DEFAULT
+                        };
+                        let per_query = run(unpaged, None, 2.0);
                         // A paged cache's tiles with scores streamed a key
                         // tile at a time: one query position, then several.
-                        let mut streamed = Vec::new();
-                        for score_bytes in [4096, 16384] {
-                            let mut out = vec![3.0; n_q * n_head * hd];
+                        let streamed = [4096, 16384].map(|score_bytes| {
                             let route = Route {
                                 tiled: true,
                                 score_bytes,
                             };
-                            let pager = Recorder::default();
-                            attend(
-                                &q,
-                                &q_pos,
-                                k,
-                                v,
-                                &key_pos,
-                                &cfg,
-                                sinks,
-                                Some(&pager),
-                                &mut out,
-                                route,
-                            );
-                            streamed.push(out);
-                        }
+                            run(route, Some(&Recorder::default()), 3.0)
+                        });
                         for (path, out) in [
                             ("tiled", &tiled),
                             ("streamed", &streamed[0]),

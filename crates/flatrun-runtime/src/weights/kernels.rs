@@ -440,22 +440,25 @@ impl Kernels for ChunkedKernels<'_> {
         else {
             return self.inner.matmul(w, x, n_tokens, out);
         };
-        for (rows, item) in m.chunks() {
-            let t_io = Instant::now();
-            let lease = self
-                .engine
-                .acquire(*item)
-                .map_err(|e| KernelError::Unavailable { what: e.0 })?;
-            self.io_wait_ns
-                .fetch_add(t_io.elapsed().as_nanos() as u64, Ordering::Relaxed);
-            let chunk = rows_from(w, m.sources(), rows.clone(), &lease).ok_or_else(|| {
-                KernelError::Unavailable {
-                    what: format!("rows {rows:?} are not in their streamed chunk"),
-                }
-            })?;
-            self.multiply(&chunk, rows.clone(), w.rows, x, n_tokens, out)?;
-        }
-        Ok(())
+        // Every chunk multiplies the same activations: quantized once.
+        flatrun_kernels::with_shared_input(x, || {
+            for (rows, item) in m.chunks() {
+                let t_io = Instant::now();
+                let lease = self
+                    .engine
+                    .acquire(*item)
+                    .map_err(|e| KernelError::Unavailable { what: e.0 })?;
+                self.io_wait_ns
+                    .fetch_add(t_io.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                let chunk = rows_from(w, m.sources(), rows.clone(), &lease).ok_or_else(|| {
+                    KernelError::Unavailable {
+                        what: format!("rows {rows:?} are not in their streamed chunk"),
+                    }
+                })?;
+                self.multiply(&chunk, rows.clone(), w.rows, x, n_tokens, out)?;
+            }
+            Ok(())
+        })
     }
 
     /// Products of routed experts' rows (a decode's gate and up of every
