@@ -60,12 +60,16 @@ fn shared_activations_give_the_unshared_bits() {
             }
         }
     });
-    // A changed slice after the scope is quantized afresh.
-    let mut y = x.clone();
-    y.iter_mut().for_each(|v| *v = -*v);
+    // The same slice, changed in place after the scope (the same address and length):
+    // a new scope quantizes it afresh.
+    let mut x = x;
+    x.iter_mut().for_each(|v| *v = -*v);
     let (t, cols, n, bytes) = &weights[0];
     let w = Weight::new(WeightFormat::Ggml(*t), 40, *cols, bytes, None, None).unwrap();
-    let negated = matmul_with(&k, &w, &y, *n);
-    let shared = with_shared_input(&y, || matmul_with(&k, &w, &y, *n));
+    // First in a scope: the thread's buffer still holds the old values' blocks of the same
+    // shape, made under the scope above.
+    let shared = with_shared_input(&x, || matmul_with(&k, &w, &x, *n));
+    let negated = matmul_with(&k, &w, &x, *n);
+    assert_ne!(negated, alone[0]);
     assert_eq!(negated, shared);
 }

@@ -1978,21 +1978,26 @@ impl Tiles<'_> {
             tq.guess = tq.max;
             tq.shift = shift(tq);
         }
-        // 2. Maxima, and sums where the guess holds.
-        let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
-        for &a in &seen {
-            let tile = tile(a);
-            keys_behind.reach(tile[0]);
-            restart(s, n);
-            self.score_tile(g, tile, n, s);
-            for tq in s.queries[..n].iter_mut() {
-                if tq.max == tq.guess {
-                    exp_shifted(&mut tq.scores, tq.shift);
-                    tq.sum.add(&tq.slots, &tq.scores);
+        // A pass over the keys for the first `m` queries, adding to the sums of
+        // those whose maximum is still their guess (all of them, `guessed` false).
+        let sum_pass = |s: &mut TileScratch, m: usize, guessed: bool| {
+            let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
+            for &a in &seen {
+                let tile = tile(a);
+                keys_behind.reach(tile[0]);
+                restart(s, m);
+                self.score_tile(g, tile, m, s);
+                for tq in s.queries[..m].iter_mut() {
+                    if !guessed || tq.max == tq.guess {
+                        exp_shifted(&mut tq.scores, tq.shift);
+                        tq.sum.add(&tq.slots, &tq.scores);
+                    }
                 }
             }
-        }
-        keys_behind.finish(end);
+            keys_behind.finish(end);
+        };
+        // 2. Maxima, and sums where the guess holds.
+        sum_pass(s, n, true);
         // 3. The other sums: those queries first, and a pass over them alone.
         s.queries[..n].sort_by_key(|tq| tq.max == tq.guess);
         let missed = s.queries[..n]
@@ -2007,18 +2012,7 @@ impl Tiles<'_> {
                 tq.shift = shift(tq);
                 tq.sum = SoftmaxSum::default();
             }
-            let mut keys_behind = Behind::new(self.pager, KvPart::Keys);
-            for &a in &seen {
-                let tile = tile(a);
-                keys_behind.reach(tile[0]);
-                restart(s, missed);
-                self.score_tile(g, tile, missed, s);
-                for tq in s.queries[..missed].iter_mut() {
-                    exp_shifted(&mut tq.scores, tq.shift);
-                    tq.sum.add(&tq.slots, &tq.scores);
-                }
-            }
-            keys_behind.finish(end);
+            sum_pass(s, missed, false);
         }
         s.query_offs.clear();
         s.query_offs
