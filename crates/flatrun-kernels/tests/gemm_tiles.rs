@@ -77,7 +77,7 @@ fn k_quant_pair_tiles_match_one_row_kernels() {
     }
 }
 
-/// From 16 tokens, Q4_K and Q6_K row groups go through 16- and 8-row panels (on AVX-512
+/// From 16 tokens, Q4_K and Q6_K row groups go through 16-row panels (on AVX-512
 /// VNNI): whole panels, the group's last rows, and a ragged last token tile all keep the bits.
 #[test]
 fn k_quant_panels_match_one_row_kernels() {

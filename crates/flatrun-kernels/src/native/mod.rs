@@ -128,8 +128,6 @@ const fn fused<B: flatrun_dequant::BlockFormat>() -> Partner {
 thread_local! {
     /// Caller-side quantized activations, reused across calls.
     static ACTS_Q8: RefCell<Quantized<BlockQ8>> = RefCell::new(Quantized::default());
-    /// [`ACTS_Q8`] offset for the signed formats' panel tiles (`panel::offset_acts`).
-    static ACTS_Q8_OFFSET: RefCell<Vec<BlockQ8>> = const { RefCell::new(Vec::new()) };
     static ACTS_Q8K: RefCell<Quantized<BlockQ8K>> = RefCell::new(Quantized::default());
     /// Caller-side activations rounded to f16/bf16 for f16/bf16 weights.
     static ACTS_F32: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -317,10 +315,14 @@ impl<B> BlocksPtr<B> {
     }
 }
 
-/// A thread's quantized activations, and the shared input they are of, if any.
+/// A thread's quantized activations, and the shared input they are of, if any; with
+/// their offset copy for the signed formats' panel tiles (`panel::offset_acts`), made
+/// when first asked for.
 #[derive(Default)]
 struct Quantized<B> {
     blocks: Vec<B>,
+    offset: Vec<B>,
+    offset_made: bool,
     of: Option<SharedKey>,
 }
 
@@ -332,10 +334,10 @@ struct SharedKey {
     cols: usize,
 }
 
-impl<B: Clone + Default + Send> Quantized<B> {
+impl<B: Clone + Default + Send + panel::OffsetActs> Quantized<B> {
     /// The first `n_tokens · cols` values of `x` as blocks of `block` values: quantized
     /// by `quantize` here, unless these blocks already are that input's (the same shared
-    /// input, the same shape).
+    /// input, the same shape). With `offset`, also their offset copy (else `blocks` again).
     fn make(
         &mut self,
         x: &[f32],
@@ -343,7 +345,8 @@ impl<B: Clone + Default + Send> Quantized<B> {
         cols: usize,
         block: usize,
         quantize: fn(&[f32], &mut [B]),
-    ) -> &[B] {
+        offset: bool,
+    ) -> (&[B], &[B]) {
         let key = crate::shared_input::scope_of(x).map(|scope| SharedKey {
             scope,
             n_tokens,
@@ -351,12 +354,20 @@ impl<B: Clone + Default + Send> Quantized<B> {
         });
         if key.is_none() || self.of != key {
             self.of = None;
+            self.offset_made = false;
             self.blocks.clear();
             self.blocks.resize(n_tokens * cols / block, B::default());
             quantize_tokens(&x[..n_tokens * cols], n_tokens, &mut self.blocks, quantize);
             self.of = key;
         }
-        &self.blocks
+        if offset && !self.offset_made {
+            panel::offset_acts(&self.blocks, &mut self.offset);
+            self.offset_made = true;
+        }
+        (
+            &self.blocks,
+            if offset { &self.offset } else { &self.blocks },
+        )
     }
 }
 
@@ -622,40 +633,37 @@ impl Kernels for NativeKernels {
             (Partner::Q8, WeightFormat::Ggml(t)) => {
                 // Quantize every token's activations once, into the reused buffer.
                 let mut quantized = ACTS_Q8.with(|c| c.take());
-                let acts = quantized.make(x, n_tokens, cols, QK8, quantize_q8);
+                let panel = self.legacy_panel(w, n_tokens);
+                let offset = panel.is_some_and(|f| f.0.offset_acts);
+                let both = quantized.make(x, n_tokens, cols, QK8, quantize_q8, offset);
                 let rb = w.row_bytes();
                 let per_token = cols / QK8;
                 let kernel =
                     |rows: &[u8], tile: &[&[BlockQ8]], o: &mut [f32]| (d.q8)(t, rows, rb, tile, o);
-                match self.legacy_panel(w, n_tokens) {
+                match panel {
                     Some(format) => {
-                        let mut offset = ACTS_Q8_OFFSET.with(|c| c.take());
-                        if format.0.offset_acts {
-                            panel::offset_acts(acts, &mut offset);
-                        }
-                        let both = (acts, format.0.tile_acts(acts, &offset));
-                        self.for_panels(w, both, per_token, n_tokens, out, format, &kernel);
-                        ACTS_Q8_OFFSET.with(|c| c.replace(offset));
+                        self.for_panels(w, both, per_token, n_tokens, out, format, &kernel)
                     }
                     None => {
-                        self.for_rows_tiled(w, acts, per_token, n_tokens, d.q8_tile, out, kernel)
+                        self.for_rows_tiled(w, both.0, per_token, n_tokens, d.q8_tile, out, kernel)
                     }
                 }
                 ACTS_Q8.with(|c| c.replace(quantized));
             }
             (Partner::Q8K, WeightFormat::Ggml(t)) => {
                 let mut quantized = ACTS_Q8K.with(|c| c.take());
-                let acts = quantized.make(x, n_tokens, cols, QK_K, quantize_q8k);
+                let panel = self.panel(w, n_tokens);
+                let offset = panel.is_some_and(|f| f.0.offset_acts);
+                let both = quantized.make(x, n_tokens, cols, QK_K, quantize_q8k, offset);
                 let rb = w.row_bytes();
                 let q8k = self.q8k_kernel(n_tokens);
                 let kernel =
                     |rows: &[u8], tile: &[&[BlockQ8K]], o: &mut [f32]| q8k(t, rows, rb, tile, o);
-                match self.panel(w, n_tokens) {
+                match panel {
                     Some(format) => {
-                        let both = (acts, acts);
                         self.for_panels(w, both, cols / QK_K, n_tokens, out, format, &kernel)
                     }
-                    None => self.for_rows(w, acts, cols / QK_K, n_tokens, out, kernel),
+                    None => self.for_rows(w, both.0, cols / QK_K, n_tokens, out, kernel),
                 }
                 ACTS_Q8K.with(|c| c.replace(quantized));
             }
@@ -747,24 +755,26 @@ impl Kernels for NativeKernels {
         // Quantize the activations once per dot partner the matrices need.
         let needs = |p: fn(Partner) -> bool| ws.iter().any(|w| p(partner(w.format)));
         let mut q8_quantized = ACTS_Q8.with(|c| c.take());
-        let q8: &[BlockQ8] = if needs(|p| matches!(p, Partner::Q8)) {
-            q8_quantized.make(x, n_tokens, cols, QK8, quantize_q8)
-        } else {
-            &[]
-        };
-        let mut q8_offset = ACTS_Q8_OFFSET.with(|c| c.take());
-        if ws.iter().any(|w| {
+        let q8_offset = ws.iter().any(|w| {
             self.legacy_panel(w, n_tokens)
                 .is_some_and(|f| f.0.offset_acts)
-        }) {
-            panel::offset_acts(q8, &mut q8_offset);
-        }
-        let mut q8k_quantized = ACTS_Q8K.with(|c| c.take());
-        let q8k: &[BlockQ8K] = if needs(|p| matches!(p, Partner::Q8K)) {
-            q8k_quantized.make(x, n_tokens, cols, QK_K, quantize_q8k)
+        });
+        let (q8, q8_offset_acts): (&[BlockQ8], &[BlockQ8]) = if needs(|p| matches!(p, Partner::Q8))
+        {
+            q8_quantized.make(x, n_tokens, cols, QK8, quantize_q8, q8_offset)
         } else {
-            &[]
+            (&[], &[])
         };
+        let mut q8k_quantized = ACTS_Q8K.with(|c| c.take());
+        let q8k_offset = ws
+            .iter()
+            .any(|w| self.panel(w, n_tokens).is_some_and(|f| f.0.offset_acts));
+        let (q8k, q8k_offset_acts): (&[BlockQ8K], &[BlockQ8K]) =
+            if needs(|p| matches!(p, Partner::Q8K)) {
+                q8k_quantized.make(x, n_tokens, cols, QK_K, quantize_q8k, q8k_offset)
+            } else {
+                (&[], &[])
+            };
         // Task g of the joint job is chunk g − first[i] of matrix i.
         let mut splits = [RowSplit {
             chunk: 1,
@@ -780,7 +790,7 @@ impl Kernels for NativeKernels {
         }
         let total = first[ws.len()];
         let (d, q8k_rows) = (self.dispatch, self.q8k_kernel(n_tokens));
-        let (q8_acts, q8_offset_acts, q8k_acts) = (q8, &q8_offset[..], q8k);
+        let (q8_acts, q8k_acts) = (q8, q8k);
         let task = |g: usize| {
             let i = (0..ws.len()).rfind(|&i| first[i] <= g).unwrap_or(0);
             let (w, c) = (ws[i], g - first[i]);
@@ -824,7 +834,7 @@ impl Kernels for NativeKernels {
                         Some(tile) => splits[i].run_panels(
                             c,
                             w,
-                            (q8k_acts, q8k_acts),
+                            (q8k_acts, tile.0.tile_acts(q8k_acts, q8k_offset_acts)),
                             cols / QK_K,
                             n_tokens,
                             out_ptrs[i],
@@ -861,7 +871,6 @@ impl Kernels for NativeKernels {
             crate::threads::parallel_for(total, &task);
         }
         ACTS_Q8.with(|c| c.replace(q8_quantized));
-        ACTS_Q8_OFFSET.with(|c| c.replace(q8_offset));
         ACTS_Q8K.with(|c| c.replace(q8k_quantized));
         Ok(())
     }

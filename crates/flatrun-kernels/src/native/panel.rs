@@ -6,10 +6,11 @@
 //! about one of those walks.
 //!
 //! In a panel one 64-byte vector holds a few bytes of each of its rows: 8 bytes of each of
-//! 8 rows (Q6_K, the 32-value formats), or 4 packed bytes of each of 16 rows (Q4_K). A tile
-//! kernel multiplies all the rows by one token's broadcast activation bytes at once and
-//! every lane (Q4_K) or lane pair of its accumulator belongs to one row: no horizontal sums
-//! until the end of each 64-value chunk (Q4_K: none) or block (Q6_K), or, for the
+//! 8 rows (the 32-value formats), 4 packed bytes of each of 16 rows (Q4_K), or 4 signed
+//! values of each of 16 rows (Q6_K, multiplied by activations offset by 128 so the byte
+//! product stays unsigned × signed). A tile kernel multiplies all the rows by one token's
+//! broadcast activation bytes at once and every lane (Q4_K, Q6_K) or lane pair of its
+//! accumulator belongs to one row: no horizontal sums at all for the K-quants, or, for the
 //! 32-value formats, whose float order keeps eight lanes of four values per output (ggml's
 //! `vec_dot`), each row's lanes stay apart in two vector lanes per 8 values until the end.
 //! The scales, mins and super-block scales (and the values of the 5-, 6- and 8-bit
@@ -27,11 +28,14 @@ use flatrun_format::GgmlType;
 
 use crate::native::quantize::{BlockQ8, BlockQ8K};
 
-/// Rows per panel of Q6_K and the 32-value formats.
+/// Rows per panel of the 32-value formats.
 pub(crate) const PANEL_ROWS: usize = 8;
 
 /// Rows per Q4_K panel: one i32 lane per row ([`Q4kPanelBlock`]).
 pub(crate) const Q4K_PANEL_ROWS: usize = 16;
+
+/// Rows per Q6_K panel: one i32 lane per row ([`Q6kPanelBlock`]).
+pub(crate) const Q6K_PANEL_ROWS: usize = 16;
 
 /// The most rows a panel of any format holds.
 pub(crate) const MAX_PANEL_ROWS: usize = Q4K_PANEL_ROWS;
@@ -100,14 +104,14 @@ pub(crate) fn panel_format(
             offset_acts: false,
         }),
         GgmlType::Q6_K => q6k.map(|tile| PanelFormat {
-            rows: PANEL_ROWS,
-            tokens: 4,
+            rows: Q6K_PANEL_ROWS,
+            tokens: 8,
             lines_per_block: std::mem::size_of::<Q6kPanelBlock>() / 64,
             block_bytes: BlockQ6K::BLOCK_BYTES,
             repack: repack_q6k,
             tile,
             one_token: false,
-            offset_acts: false,
+            offset_acts: true,
         }),
         _ => None,
     }
@@ -137,24 +141,25 @@ pub(crate) struct Q4kPanelBlock {
 
 const _: () = assert!(std::mem::size_of::<Q4kPanelBlock>() == 3200);
 
-/// One Q6_K super-block of 8 rows.
+/// One Q6_K super-block (256 values) of 16 rows, laid out for [`Q6K_PANEL_ROWS`]-row tiles
+/// as [`Q4kPanelBlock`]: 4 values of each row per vector, so each i32 lane of a `vpdpbusd`
+/// sum is one row's. The values are signed (−32..=31), against activations offset to
+/// `a + 128` ([`offset_acts`]); the tile takes `128·Σq` off per 8 values, once for all of
+/// a call's tokens.
 #[repr(C, align(64))]
 #[derive(Clone, Copy, Pod, Zeroable)]
 pub(crate) struct Q6kPanelBlock {
-    /// Vector v (0..32): row r's values `8v .. 8v + 8`, unsigned (0..64, the value + 32),
-    /// at bytes `8r ..`.
-    pub(crate) q: [[u8; 64]; 32],
-    /// Vector g (0..16): row r's scale of values `16g .. 16g + 16` as i16 in lanes `4r .. 4r + 4`.
-    pub(crate) scales: [[i16; 32]; 16],
-    /// Vector p (0..8): row r's scales `2p`, `2p + 1` as i16 in lanes `2r`, `2r + 1` (for the
-    /// offset of the unsigned values against the activations' 16-value sums).
-    pub(crate) scale_pairs: [[i16; 16]; 8],
+    /// Vector v (0..64): row r's values `4v .. 4v + 4` as `i8` at bytes `4r ..`.
+    pub(crate) q: [[u8; 64]; 64],
+    /// Vector g (0..16): row r's scale of values `16g .. 16g + 16` as i16 at lane r
+    /// (zero-extended to its i32 lane by the tile, for `vpdpwssd`: an 8-value sum
+    /// |Σ a·q| ≤ 8·127·32 < 2¹⁵ fits the low i16 it multiplies).
+    pub(crate) scales: [[i16; 16]; 16],
     /// Row r's super-block scale.
-    pub(crate) d: [f32; 8],
-    pad: [f32; 8],
+    pub(crate) d: [f32; 16],
 }
 
-const _: () = assert!(std::mem::size_of::<Q6kPanelBlock>() == 3392);
+const _: () = assert!(std::mem::size_of::<Q6kPanelBlock>() == 4672);
 
 /// `out` resized to `n` zeroed lines, seen as `n / lines_per_block` blocks of `B`.
 /// The repacking writes every field a tile reads, so the buffer only grows (no clearing).
@@ -198,17 +203,17 @@ pub(crate) fn repack_q4k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
     }
 }
 
-/// Repack whole Q6_K rows (a multiple of [`PANEL_ROWS`] of them) as [`repack_q4k`] does
-/// Q4_K rows.
+/// Repack whole Q6_K rows (a multiple of [`Q6K_PANEL_ROWS`] of them) as [`repack_q4k`]
+/// does Q4_K rows.
 pub(crate) fn repack_q6k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
     let nb = rb / BlockQ6K::BLOCK_BYTES;
-    let panels = rows.len() / rb / PANEL_ROWS;
+    let panels = rows.len() / rb / Q6K_PANEL_ROWS;
     let out: &mut [Q6kPanelBlock] = blocks_of(out, panels * nb);
     for p in 0..panels {
         for i in 0..nb {
             let dst = &mut out[p * nb + i];
-            for r in 0..PANEL_ROWS {
-                let at = (p * PANEL_ROWS + r) * rb + i * BlockQ6K::BLOCK_BYTES;
+            for r in 0..Q6K_PANEL_ROWS {
+                let at = (p * Q6K_PANEL_ROWS + r) * rb + i * BlockQ6K::BLOCK_BYTES;
                 let b = &rows[at..at + BlockQ6K::BLOCK_BYTES];
                 let ql: &[u8; 128] = b[BlockQ6K::QL_OFFSET..][..128]
                     .try_into()
@@ -217,24 +222,28 @@ pub(crate) fn repack_q6k(rows: &[u8], rb: usize, out: &mut Vec<Line>) {
                     .try_into()
                     .unwrap_or(&[0; 64]);
                 // ggml's layout: per half n, values 128n + 32k + l (k = 0..4, l = 0..32) take
-                // the low (k < 2) or high nibble of ql[64n + 32(k % 2) + l] and bits 2k.. of qh[32n + l].
+                // the low (k < 2) or high nibble of ql[64n + 32(k % 2) + l] and bits 2k.. of
+                // qh[32n + l]; the stored 6 bits are the value + 32.
                 let mut vals = [0u8; 256];
                 for n in 0..2 {
                     for l in 0..32 {
                         let (lo, hi, h) = (ql[64 * n + l], ql[64 * n + 32 + l], qh[32 * n + l]);
-                        vals[128 * n + l] = (lo & 0x0F) | ((h & 3) << 4);
-                        vals[128 * n + 32 + l] = (hi & 0x0F) | (((h >> 2) & 3) << 4);
-                        vals[128 * n + 64 + l] = (lo >> 4) | (((h >> 4) & 3) << 4);
-                        vals[128 * n + 96 + l] = (hi >> 4) | (((h >> 6) & 3) << 4);
+                        let six = [
+                            (lo & 0x0F) | ((h & 3) << 4),
+                            (hi & 0x0F) | (((h >> 2) & 3) << 4),
+                            (lo >> 4) | (((h >> 4) & 3) << 4),
+                            (hi >> 4) | (((h >> 6) & 3) << 4),
+                        ];
+                        for (k, v) in six.into_iter().enumerate() {
+                            vals[128 * n + 32 * k + l] = v.wrapping_sub(32);
+                        }
                     }
                 }
-                for (v, src) in vals.chunks_exact(8).enumerate() {
-                    dst.q[v][8 * r..8 * r + 8].copy_from_slice(src);
+                for (v, src) in vals.chunks_exact(4).enumerate() {
+                    dst.q[v][4 * r..4 * r + 4].copy_from_slice(src);
                 }
                 for g in 0..16 {
-                    let s = i16::from(b[BlockQ6K::SCALES_OFFSET + g] as i8);
-                    dst.scales[g][4 * r..4 * r + 4].fill(s);
-                    dst.scale_pairs[g / 2][2 * r + g % 2] = s;
+                    dst.scales[g][r] = i16::from(b[BlockQ6K::SCALES_OFFSET + g] as i8);
                 }
                 dst.d[r] =
                     half::f16::from_le_bytes([b[BlockQ6K::D_OFFSET], b[BlockQ6K::D_OFFSET + 1]])
@@ -292,15 +301,36 @@ pub(crate) fn legacy_panel_format(
     })
 }
 
-/// `src` with every activation value `a` (−128..=127) stored as the byte `a + 128` (its
-/// bit 7 flipped), into `out`: the unsigned operand of `vpdpbusd` against signed weights,
-/// for the signed formats' panel tiles (`x86_panel.rs::legacy_panel_8x4`).
-pub(crate) fn offset_acts(src: &[BlockQ8], out: &mut Vec<BlockQ8>) {
+/// Activation blocks whose values can be offset to unsigned bytes.
+pub(crate) trait OffsetActs: Copy {
+    /// The block with every value `a` (−128..=127) stored as the byte `a + 128` (its bit 7
+    /// flipped), the rest as it is.
+    fn offset(&self) -> Self;
+}
+
+impl OffsetActs for BlockQ8 {
+    fn offset(&self) -> Self {
+        BlockQ8 {
+            qs: self.qs.map(|q| q ^ i8::MIN),
+            ..*self
+        }
+    }
+}
+
+impl OffsetActs for BlockQ8K {
+    fn offset(&self) -> Self {
+        BlockQ8K {
+            qs: self.qs.map(|q| q ^ i8::MIN),
+            ..*self
+        }
+    }
+}
+
+/// `src` offset ([`OffsetActs::offset`]) into `out`: the unsigned operand of `vpdpbusd`
+/// against signed weights, for the signed formats' panel tiles (`x86_panel.rs`).
+pub(crate) fn offset_acts<A: OffsetActs>(src: &[A], out: &mut Vec<A>) {
     out.clear();
-    out.extend(src.iter().map(|b| BlockQ8 {
-        qs: b.qs.map(|q| q ^ i8::MIN),
-        ..*b
-    }));
+    out.extend(src.iter().map(OffsetActs::offset));
 }
 
 /// The scale and min (0 for the formats without one) of a legacy block.

@@ -83,8 +83,8 @@ pub(crate) fn legacy_panel_tile<const UNSIGNED: bool>(
     true
 }
 
-/// One Q6_K panel × 4 tokens, checked as [`q4k_panel_tile`]; the one-token order is not
-/// kept (`false`).
+/// One Q6_K panel × 4 or 8 tokens (offset, `panel::offset_acts`), checked as
+/// [`q4k_panel_tile`]; the one-token order is not kept (`false`).
 pub(crate) fn q6k_panel_tile(
     lines: &[super::panel::Line],
     acts: &[&[super::quantize::BlockQ8K]],
@@ -94,11 +94,16 @@ pub(crate) fn q6k_panel_tile(
     let Ok(blocks) = bytemuck::try_cast_slice::<_, super::panel::Q6kPanelBlock>(lines) else {
         return false;
     };
-    if one_token || !panel_call_ok(blocks, acts, out, super::panel::PANEL_ROWS, 4) {
+    if one_token || !panel_call_ok(blocks, acts, out, super::panel::Q6K_PANEL_ROWS, 8) {
         return false;
     }
     // SAFETY: as in `q4k_panel_tile`.
-    unsafe { panel::q6_k_panel_8x4(blocks, acts, out) };
+    unsafe {
+        match acts.len() {
+            4 => panel::q6_k_panel_16::<4>(blocks, acts, out),
+            _ => panel::q6_k_panel_16::<8>(blocks, acts, out),
+        }
+    }
     true
 }
 

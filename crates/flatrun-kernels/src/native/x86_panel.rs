@@ -1,5 +1,5 @@
-//! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 16 rows × 4 or 8 tokens (Q4_K),
-//! 8 rows × 4 tokens (the others).
+//! The AVX-512 VNNI tiles over panels (`native/panel.rs`): 16 rows × 4 or 8 tokens (Q4_K,
+//! Q6_K), 8 rows × 4 tokens (the 32-value formats).
 // Index loops over parallel per-token arrays (registers, activations, outputs) read as the
 // tile's equations.
 #![allow(clippy::needless_range_loop)]
@@ -26,13 +26,6 @@ pub(super) fn dpwssd(acc: __m512i, a: __m512i, b: __m512i) -> __m512i {
         );
     }
     acc
-}
-
-/// The 8 i32 sums of each row's two lanes (row r owns lanes `2r`, `2r + 1`), exact.
-#[inline]
-#[target_feature(enable = "avx2,avx512f")]
-fn row_sums(v: __m512i) -> __m256i {
-    _mm512_cvtepi64_epi32(_mm512_add_epi32(v, _mm512_srli_epi64::<32>(v)))
 }
 
 /// One panel (16 rows, `blocks` = its `nb` super-blocks) × `T` Q8_K token rows, bit for bit
@@ -166,53 +159,64 @@ unsafe fn store_transposed(v: [__m256; 4], out: &mut [f32]) {
     }
 }
 
-/// One Q6_K panel × 4 Q8_K token rows in the order of ggml's tiled K-quant matmul (which
+/// One Q6_K panel (16 rows) × `T` Q8_K token rows offset to `a + 128`
+/// (`panel::offset_acts`), in the order of ggml's tiled K-quant matmul (which
 /// `q6_k_n::<true, _>` keeps): per output and block, the exact integer sum `isum` of
-/// `scale·q·a`, then `acc = fma(d_w·isum, d_a, acc)`. The values are unsigned (value + 32),
-/// their offset taken off through the activations' 16-value sums. `out[r·4 + t]`.
+/// `scale·q·a`, then `acc = fma(d_w·isum, d_a, acc)`. Each i32 lane is one row's. Per 8
+/// values (two vectors) a token's `vpdpbusd` sums start from `−128·Σq` of those values,
+/// made once for the `T` tokens, so they end at `Σ a·q`, which fits the i16 that
+/// `vpdpwssd` multiplies by the scale. `out[r·T + t]`.
 ///
 /// # Safety
-/// As [`q4_k_panel_16`] with `T` = 4.
+/// As [`q4_k_panel_16`]; the activations are offset.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(crate) unsafe fn q6_k_panel_8x4(
+pub(crate) unsafe fn q6_k_panel_16<const T: usize>(
     blocks: &[Q6kPanelBlock],
     acts: &[&[BlockQ8K]],
     out: &mut [f32],
 ) {
     // SAFETY: every pointer read below lies in `blocks` or in the first `blocks.len()`
-    // blocks of each of the 4 activation rows (the caller's promise).
+    // blocks of each of the `T` activation rows (the caller's promise).
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); 4];
+        let zero = _mm512_setzero_si512();
+        let m128 = _mm512_set1_epi8(-128);
+        let mut acc = [_mm512_setzero_ps(); T];
         for (i, blk) in blocks.iter().enumerate() {
-            let a: [&BlockQ8K; 4] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
-            let mut sum = [_mm512_setzero_si512(); 4];
+            let a: [&BlockQ8K; T] = std::array::from_fn(|t| acts.get_unchecked(t).get_unchecked(i));
+            let mut sum = [zero; T];
             for g in 0..16 {
-                let s = _mm512_loadu_si512(blk.scales[g].as_ptr() as *const __m512i);
-                for v in [2 * g, 2 * g + 1] {
-                    let w = _mm512_loadu_si512(blk.q[v].as_ptr() as *const __m512i);
-                    for t in 0..4 {
-                        let p = a[t].qs.as_ptr().add(8 * v);
-                        let av = _mm512_set1_epi64((p as *const i64).read_unaligned());
-                        sum[t] = dpwssd(sum[t], _mm512_maddubs_epi16(w, av), s);
+                let s = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                    blk.scales[g].as_ptr() as *const __m256i
+                ));
+                for e in [2 * g, 2 * g + 1] {
+                    let q0 = _mm512_loadu_si512(blk.q[2 * e].as_ptr() as *const __m512i);
+                    let q1 = _mm512_loadu_si512(blk.q[2 * e + 1].as_ptr() as *const __m512i);
+                    let offset = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(zero, m128, q0), m128, q1);
+                    let start = _mm512_sub_epi32(zero, offset);
+                    for t in 0..T {
+                        let p = a[t].qs.as_ptr().add(8 * e) as *const i32;
+                        let a0 = _mm512_set1_epi32(p.read_unaligned());
+                        let a1 = _mm512_set1_epi32(p.add(1).read_unaligned());
+                        let part = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(start, a0, q0), a1, q1);
+                        sum[t] = dpwssd(sum[t], part, s);
                     }
                 }
             }
-            let d = _mm256_loadu_ps(blk.d.as_ptr());
-            for t in 0..4 {
-                // Σ_g scale[r][g] · bsums[g], one i32 per row.
-                let mut offset = _mm256_setzero_si256();
-                for p in 0..8 {
-                    let pairs = _mm256_loadu_si256(blk.scale_pairs[p].as_ptr() as *const __m256i);
-                    let bs = (a[t].bsums.as_ptr().add(2 * p) as *const i32).read_unaligned();
-                    offset =
-                        _mm256_add_epi32(offset, _mm256_madd_epi16(pairs, _mm256_set1_epi32(bs)));
-                }
-                let isum = _mm256_sub_epi32(row_sums(sum[t]), _mm256_slli_epi32::<5>(offset));
-                let res = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
-                acc[t] = _mm256_fmadd_ps(res, _mm256_set1_ps(a[t].d), acc[t]);
+            let d = _mm512_loadu_ps(blk.d.as_ptr());
+            for t in 0..T {
+                let res = _mm512_mul_ps(d, _mm512_cvtepi32_ps(sum[t]));
+                acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(a[t].d), acc[t]);
             }
         }
-        store_transposed(acc, out);
+        let mut res = [[0f32; 16]; T];
+        for t in 0..T {
+            _mm512_storeu_ps(res[t].as_mut_ptr(), acc[t]);
+        }
+        for r in 0..16 {
+            for t in 0..T {
+                *out.get_unchecked_mut(T * r + t) = res[t][r];
+            }
+        }
     }
 }
 
