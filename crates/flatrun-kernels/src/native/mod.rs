@@ -317,12 +317,11 @@ impl<B> BlocksPtr<B> {
 
 /// A thread's quantized activations, and the shared input they are of, if any; with
 /// their offset copy for the signed formats' panel tiles (`panel::offset_acts`), made
-/// when first asked for.
+/// when first asked for (empty until then).
 #[derive(Default)]
 struct Quantized<B> {
     blocks: Vec<B>,
     offset: Vec<B>,
-    offset_made: bool,
     of: Option<SharedKey>,
 }
 
@@ -354,15 +353,14 @@ impl<B: Clone + Default + Send + panel::OffsetActs> Quantized<B> {
         });
         if key.is_none() || self.of != key {
             self.of = None;
-            self.offset_made = false;
+            self.offset.clear();
             self.blocks.clear();
             self.blocks.resize(n_tokens * cols / block, B::default());
             quantize_tokens(&x[..n_tokens * cols], n_tokens, &mut self.blocks, quantize);
             self.of = key;
         }
-        if offset && !self.offset_made {
+        if offset && self.offset.len() != self.blocks.len() {
             panel::offset_acts(&self.blocks, &mut self.offset);
-            self.offset_made = true;
         }
         (
             &self.blocks,

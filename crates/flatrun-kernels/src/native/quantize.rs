@@ -172,7 +172,7 @@ mod x86 {
     pub(super) unsafe fn quantize_q8k(x: &[f32], out: &mut [BlockQ8K]) {
         for (xb, b) in x.chunks_exact(QK_K).zip(out.iter_mut()) {
             // SAFETY: `xb` holds 256 floats.
-            let Some(amax) = (unsafe { amax(xb) }) else {
+            let Some(amax) = (unsafe { amax(xb) }).filter(|a| a.is_finite()) else {
                 quantize_q8k_body(xb, std::slice::from_mut(b));
                 continue;
             };
@@ -193,7 +193,7 @@ mod x86 {
                 }
             }
             let iscale = -127.0 / max;
-            if !iscale.is_finite() || !amax.is_finite() {
+            if !iscale.is_finite() {
                 quantize_q8k_body(xb, std::slice::from_mut(b));
                 continue;
             }

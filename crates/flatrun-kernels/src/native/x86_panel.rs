@@ -127,14 +127,29 @@ pub(crate) unsafe fn q4_k_panel_16<const ONE_TOKEN: bool, const T: usize>(
                 }
             }
         }
-        let mut res = [[0f32; 16]; T];
+        store_transposed_16::<T>(
+            std::array::from_fn(|t| _mm512_sub_ps(acc[t], acc_m[t])),
+            out,
+        );
+    }
+}
+
+/// Each of `T` tokens' 16 row outputs into `out[r·T + t]`.
+///
+/// # Safety
+/// `out` holds `16·T` values; the CPU has AVX-512 F.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_transposed_16<const T: usize>(v: [__m512; T], out: &mut [f32]) {
+    let mut res = [[0f32; 16]; T];
+    for t in 0..T {
+        // SAFETY: `res[t]` holds 16 floats.
+        unsafe { _mm512_storeu_ps(res[t].as_mut_ptr(), v[t]) };
+    }
+    for r in 0..16 {
         for t in 0..T {
-            _mm512_storeu_ps(res[t].as_mut_ptr(), _mm512_sub_ps(acc[t], acc_m[t]));
-        }
-        for r in 0..16 {
-            for t in 0..T {
-                *out.get_unchecked_mut(T * r + t) = res[t][r];
-            }
+            // SAFETY: T·r + t < 16·T ≤ out.len() (the caller's promise).
+            unsafe { *out.get_unchecked_mut(T * r + t) = res[t][r] };
         }
     }
 }
@@ -208,15 +223,7 @@ pub(crate) unsafe fn q6_k_panel_16<const T: usize>(
                 acc[t] = _mm512_fmadd_ps(res, _mm512_set1_ps(a[t].d), acc[t]);
             }
         }
-        let mut res = [[0f32; 16]; T];
-        for t in 0..T {
-            _mm512_storeu_ps(res[t].as_mut_ptr(), acc[t]);
-        }
-        for r in 0..16 {
-            for t in 0..T {
-                *out.get_unchecked_mut(T * r + t) = res[t][r];
-            }
-        }
+        store_transposed_16(acc, out);
     }
 }
 
