@@ -1517,7 +1517,21 @@ macro_rules! kquant_kernels {
         /// Rows × Q8_K tile for a K-quant or IQ4_XS, in the float order ggml uses for
         /// calls of fewer than 8 tokens (its `vec_dot` kernels; Q4_K: its repacked kernels).
         pub(crate) fn rows_q8k(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            if gemv_order(t, acts.len()) {
+                return gemv_each_token(t, rows, rb, acts, out);
+            }
             rows_q8k_order::<false>(t, rows, rb, acts, out)
+        }
+
+        /// Whether a tile of `nt` tokens sums each token as a one-token call does
+        /// and has a one-token kernel to do it with: every K-quant and IQ4_XS tile
+        /// of 2 to 4 tokens but Q4_K's of 4 (ggml's repacked GEMM order).
+        fn gemv_order(t: GgmlType, nt: usize) -> bool {
+            let gemv = matches!(
+                t,
+                GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
+            );
+            gemv && (2..=4).contains(&nt) && !(t == GgmlType::Q4_K && nt == 4)
         }
 
         /// The same for calls of 8 tokens or more, in the order of ggml's tiled K-quant
@@ -1531,6 +1545,9 @@ macro_rules! kquant_kernels {
         /// `rows_q8k`: its full tiles of 4 tokens follow ggml's repacked GEMM order there,
         /// and the repacked GEMV order here (`q4_k_2x4::<true>`).
         pub(crate) fn rows_q8k_one_token(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            if gemv_order(t, acts.len()) {
+                return gemv_each_token(t, rows, rb, acts, out);
+            }
             if t != GgmlType::Q4_K || acts.len() != 4 || !checked(rows, rb, t.type_size(), 1, acts, out, 4) {
                 return rows_q8k_order::<false>(t, rows, rb, acts, out);
             }
@@ -1548,6 +1565,29 @@ macro_rules! kquant_kernels {
                     let (first, second) = out[4 * (n - 1)..4 * n].split_at_mut(2);
                     q4_k_n::<2>(row, &acts[..2], first);
                     q4_k_n::<2>(row, &acts[2..], second);
+                }
+            }
+        }
+
+        /// A tile of a few tokens through the one-token kernel, token by token over
+        /// groups of rows small enough to stay in cache: the weights come from memory
+        /// once, and each output has a one-token call's bits (the token-tiled kernels
+        /// of 2 to 4 tokens cost about a whole GEMV per token).
+        fn gemv_each_token(t: GgmlType, rows: &[u8], rb: usize, acts: &[&[BlockQ8K]], out: &mut [f32]) {
+            const GROUP: usize = 32;
+            let nt = acts.len();
+            let n = rows.len() / rb.max(1);
+            if rb == 0 || out.len() != n * nt {
+                return rows_q8k_order::<false>(t, rows, rb, acts, out);
+            }
+            let mut one = [0.0f32; GROUP];
+            for (g, group) in rows.chunks(GROUP * rb).enumerate() {
+                let m = group.len() / rb;
+                for (k, a) in acts.iter().enumerate() {
+                    rows_q8k_order::<false>(t, group, rb, std::slice::from_ref(a), &mut one[..m]);
+                    for (i, &v) in one[..m].iter().enumerate() {
+                        out[(g * GROUP + i) * nt + k] = v;
+                    }
                 }
             }
         }
