@@ -1229,14 +1229,17 @@ impl<'t, M: BatchModel> Worker<'t, M> {
             };
             let running = self.active.swap_remove(index);
             let failed = matches!(event, Some(GenerationEvent::Failed { .. }));
-            if let Some(event) = event {
-                running.job.sink.send(event);
-            }
+            let sink = running.job.sink.clone();
             self.release_slot();
             if failed {
                 self.model.free(running.seq);
             } else {
                 self.retire(running);
+            }
+            // Told last, so that a client which then reads `/metrics` sees
+            // its sequence freed or cached.
+            if let Some(event) = event {
+                sink.send(event);
             }
         }
         if let Some(residency) = self.model.residency() {
