@@ -31,9 +31,14 @@ fn several_tokens_in_one_token_order_equal_one_token_calls() {
     for level in [simd_level(), SimdLevel::Scalar] {
         let kernels = NativeKernels::new(level);
         for t in formats() {
-            // 16 and 19: Q4_K through 8-row panels on AVX-512 VNNI.
-            for n in [2usize, 3, 4, 5, 8, 9, 16, 19] {
-                let (rows, cols) = (19, 512);
+            // 16 and 19: Q4_K through 8-row panels on AVX-512 VNNI. 67 rows: tiles of
+            // 2 to 4 tokens run the GEMV over several 32-row groups and a partial one.
+            for (n, rows) in [2usize, 3, 4, 5, 8, 9, 16, 19]
+                .into_iter()
+                .map(|n| (n, 19))
+                .chain([(2, 67), (3, 67), (4, 67)])
+            {
+                let cols = 512;
                 let (bytes, x) = random_case(t, rows, cols, n, &mut rng);
                 let w = Weight::new(WeightFormat::Ggml(t), rows, cols, &bytes, None, None)
                     .expect("weight");

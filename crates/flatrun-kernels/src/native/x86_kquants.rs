@@ -1527,11 +1527,15 @@ macro_rules! kquant_kernels {
         /// and has a one-token kernel to do it with: every K-quant and IQ4_XS tile
         /// of 2 to 4 tokens but Q4_K's of 4 (ggml's repacked GEMM order).
         fn gemv_order(t: GgmlType, nt: usize) -> bool {
-            let gemv = matches!(
+            has_gemv(t) && (2..=4).contains(&nt) && !(t == GgmlType::Q4_K && nt == 4)
+        }
+
+        /// The formats with a one-token GEMV kernel (`*_gemv_rows`).
+        fn has_gemv(t: GgmlType) -> bool {
+            matches!(
                 t,
                 GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
-            );
-            gemv && (2..=4).contains(&nt) && !(t == GgmlType::Q4_K && nt == 4)
+            )
         }
 
         /// The same for calls of 8 tokens or more, in the order of ggml's tiled K-quant
@@ -1598,9 +1602,7 @@ macro_rules! kquant_kernels {
             }
             match t {
                 // One token in the `vec_dot` order (Q4_K: the repacked GEMV order): two rows at a time.
-                GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K | GgmlType::IQ4_XS
-                    if !WIDE && acts.len() == 1 =>
-                {
+                _ if has_gemv(t) && !WIDE && acts.len() == 1 => {
                     // SAFETY: as in `tile!`: features checked by dispatch, slices by `checked`.
                     unsafe {
                         match t {
